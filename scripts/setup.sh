@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of sala from Debian packages. Non-interactive and
+# idempotent: packages already present are left alone, so running it twice is safe.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  nlohmann-json3-dev libfmt-dev libspdlog-dev libcli11-dev libcpp-httplib-dev libcurl4-openssl-dev
+  libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-numpy python3-torch
+  nodejs npm
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+echo "setup: all dependencies present"

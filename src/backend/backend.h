@@ -1,0 +1,145 @@
+// The op-level interface the model is written against. The CPU backend (f32) is the readable
+// reference; the CUDA backend (bf16 activations, fp32 accumulation and state) implements the same
+// ops. The model never sees which backend runs it.
+//
+// All activations are 2-D row-major matrices [rows, cols] in backend memory. Per-head data is the
+// same matrix with cols = heads * head_dim (head-major packing, spec §0).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace sala {
+
+// A view of a matrix in backend memory (does not own it).
+struct Mat {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  int64_t rows = 0, cols = 0;
+
+  size_t nbytes() const { return size_t(rows * cols) * dtype_size(dtype); }
+  // Rows [first, first + count) of this matrix.
+  Mat slice_rows(int64_t first, int64_t count) const {
+    return {static_cast<uint8_t*>(data) + size_t(first * cols) * dtype_size(dtype), dtype, count, cols};
+  }
+  // The same memory seen with another number of columns (rows * cols must stay the same).
+  Mat reshape(int64_t new_rows, int64_t new_cols) const { return {data, dtype, new_rows, new_cols}; }
+};
+
+// Memory owned by a backend (RAII).
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual void* data() = 0;
+  virtual size_t size() const = 0;
+  Mat mat(DType dtype, int64_t rows, int64_t cols) { return {data(), dtype, rows, cols}; }
+};
+
+// A weight matrix [out, in] in the layout and format the backend wants (converted at load).
+struct Weight {
+  Mat w;                       // backend format: f32 on CPU, bf16 on CUDA (quantized formats later)
+  std::shared_ptr<Buffer> storage;
+  int64_t out() const { return w.rows; }
+  int64_t in() const { return w.cols; }
+};
+
+// Geometry and constants of the cache pools; fixed when the backend's caches are created.
+struct CacheSpec {
+  // Sparse (InfLLM-v2) layers.
+  int sparse_layers = 0;
+  int kv_heads = 0, head_dim = 0, q_heads = 0;
+  int block_size = 64;                  // tokens per KV page = one selection block
+  int kernel_size = 32, kernel_stride = 16;  // K1; K2 uses 4x both
+  int init_blocks = 1, local_blocks = 32, topk = 64;
+  int max_pages = 0;                    // pages in the pool (shared by all sequences)
+  // Lightning (Simple GLA) layers.
+  int lightning_layers = 0;
+  int lightning_heads = 0, lightning_dim = 0;
+  std::vector<float> log_decay;         // g[h] per lightning head (spec §3.5)
+  float lightning_scale = 0;            // s applied to q (spec §3.6)
+  int max_slots = 0;                    // lightning state slots (one per live sequence, plus spares)
+  float attn_scale = 0;                 // 1/sqrt(head_dim) for sparse layers
+};
+
+// One sequence's part of a packed batch. The host fills everything that depends only on lengths.
+struct SeqEntry {
+  int slot = 0;            // lightning state slot
+  int64_t start = 0;       // first row of this sequence's tokens in the packed batch
+  int64_t n_new = 0;       // Lq: tokens of this sequence in the call
+  int64_t cached = 0;      // C0: tokens already in the caches before the call
+  bool sparse = false;     // regime of the sparse layers for this call (spec §4.2, decided on host)
+  std::vector<int32_t> pages;  // page table covering positions [0, cached + n_new)
+};
+
+struct BatchInfo {
+  std::vector<int32_t> tokens;     // [N] token ids, packed sequence after sequence
+  std::vector<int32_t> positions;  // [N] absolute position of each token in its sequence
+  std::vector<SeqEntry> seqs;
+  int64_t n_tokens() const { return int64_t(tokens.size()); }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual DType act_dtype() const = 0;  // dtype of activations between ops
+
+  // Memory. Buffers are uninitialised.
+  virtual std::unique_ptr<Buffer> alloc(size_t bytes) = 0;
+  virtual void upload(Mat dst, const float* host) = 0;         // host f32 -> dst (any float dtype)
+  virtual void download(const Mat& src, float* host) = 0;      // src (any float dtype) -> host f32
+  virtual Weight load_weight(const TensorView& host) = 0;      // [out, in] checkpoint tensor
+  virtual Weight load_vector(const TensorView& host) = 0;      // [n] norm weight, kept as [1, n]
+  virtual void synchronize() {}
+
+  // Caches. create_caches allocates the pools; reset_state zeroes one lightning slot;
+  // copy_state copies a slot's lightning states (all layers) to another slot (snapshots).
+  virtual void create_caches(const CacheSpec& spec) = 0;
+  virtual void reset_state(int slot) = 0;
+  virtual void copy_state(int src_slot, int dst_slot) = 0;
+
+  // Makes the batch's metadata (tokens, positions, page tables) visible to the ops below.
+  virtual void begin_batch(const BatchInfo& batch) = 0;
+
+  // ---- ops ----
+  // out[i] = table[token_i] * scale                               (out: [N, D])
+  virtual void embed(const Weight& table, float scale, Mat out) = 0;
+  // y = x · Wᵀ                                                     (x: [N, in], y: [N, out])
+  virtual void matmul(const Mat& x, const Weight& w, Mat y) = 0;
+  // Row-wise RMSNorm over cols: y = x * rsqrt(mean(x²) + eps) * w  (w: [1, cols]); y may alias x.
+  virtual void rmsnorm(const Mat& x, const Weight& w, float eps, Mat y) = 0;
+  // In-place rotate-half RoPE of every head of x ([N, heads*head_dim]) at the batch positions.
+  virtual void rope(Mat x, int head_dim, double theta) = 0;
+  // out = silu(g) * u                                             (elementwise)
+  virtual void silu_mul(const Mat& g, const Mat& u, Mat out) = 0;
+  // out = a * sigmoid(z)                                          (elementwise; out may alias a)
+  virtual void sigmoid_mul(const Mat& a, const Mat& z, Mat out) = 0;
+  // h = h + alpha * a                                             (residual update)
+  virtual void add_scaled(Mat h, const Mat& a, float alpha) = 0;
+  // out = x * s (elementwise; out may alias x)
+  virtual void scale(const Mat& x, float s, Mat out) = 0;
+  // out[r] = x[rows[r]]
+  virtual void gather_rows(const Mat& x, std::span<const int64_t> rows, Mat out) = 0;
+
+  // Lightning layer `layer` (index among lightning layers): Simple-GLA over each sequence's new
+  // tokens, starting from and updating the state in the sequence's slot (spec §3.6–3.8).
+  // q, k, v: [N, heads*dim] after q/k norm and RoPE; out: [N, heads*dim].
+  virtual void lightning_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) = 0;
+
+  // Sparse layer `layer` (index among sparse layers): appends each sequence's new k, v to its
+  // pages, extends K1/K2 (spec §4.4), then attends every new query to the sequence's keys up to
+  // its own position — dense causal (§4.3) or InfLLM-v2 (§4.5–4.8) as SeqEntry::sparse says.
+  // q: [N, q_heads*dim]; k, v: [N, kv_heads*dim]; out: [N, q_heads*dim].
+  virtual void sparse_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) = 0;
+};
+
+// Backends available in this build: "cpu", and "cuda" when compiled with CUDA.
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads = 0);
+std::vector<std::string> available_backends();
+
+}  // namespace sala
