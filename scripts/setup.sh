@@ -7,7 +7,6 @@ packages=(
   nlohmann-json3-dev libfmt-dev libspdlog-dev libcli11-dev libcpp-httplib-dev libcurl4-openssl-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-torch
-  nodejs npm
 )
 missing=()
 for p in "${packages[@]}"; do
