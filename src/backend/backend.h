@@ -95,6 +95,9 @@ class Backend {
   virtual void download(const Mat& src, float* host) = 0;      // src (any float dtype) -> host f32
   virtual Weight load_weight(const TensorView& host) = 0;      // [out, in] checkpoint tensor
   virtual Weight load_vector(const TensorView& host) = 0;      // [n] norm weight, kept as [1, n]
+  // A [rows, cols] weight filled on the backend itself with values mean + std * N(0,1) from a
+  // counter-based generator (seed, index) — used to benchmark full-size models without a file.
+  virtual Weight random_weight(int64_t rows, int64_t cols, float mean, float std, uint64_t seed) = 0;
   virtual void synchronize() {}
 
   // Caches. create_caches allocates the pools; reset_state zeroes one lightning slot;
