@@ -112,7 +112,7 @@ class Backend {
   // ---- ops ----
   // out[i] = table[token_i] * scale                               (out: [N, D])
   virtual void embed(const Weight& table, float scale, Mat out) = 0;
-  // y = x · Wᵀ                                                     (x: [N, in], y: [N, out])
+  // y = x · Wᵀ  (x: [N, in], y: [N, out]); y is act_dtype or F32 (the logits are written in F32)
   virtual void matmul(const Mat& x, const Weight& w, Mat y) = 0;
   // Row-wise RMSNorm over cols: y = x * rsqrt(mean(x²) + eps) * w  (w: [1, cols]); y may alias x.
   virtual void rmsnorm(const Mat& x, const Weight& w, float eps, Mat y) = 0;

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/rng.h"
 
 namespace sala {
 
@@ -71,6 +72,17 @@ Weight CpuBackend::load_vector(const TensorView& host) {
   TensorView as_row = host;
   as_row.shape = {1, host.shape[0]};
   return load_weight(as_row);
+}
+
+Weight CpuBackend::random_weight(int64_t rows, int64_t cols, float mean, float std, uint64_t seed) {
+  Weight w;
+  w.storage = alloc(size_t(rows * cols) * 4);
+  w.w = w.storage->mat(DType::F32, rows, cols);
+  float* p = f32(w.w);
+  pool_.parallel_for(rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0 * cols; i < r1 * cols; ++i) p[i] = mean + std * normal01(seed, uint64_t(i));
+  });
+  return w;
 }
 
 // ---- caches ----
@@ -219,13 +231,13 @@ void CpuBackend::rope(Mat x, int head_dim, double theta) {
   SALA_CHECK(x.cols % head_dim == 0 && head_dim % 2 == 0, "cpu rope: width {} vs head_dim {}", x.cols, head_dim);
   const int half = head_dim / 2;
   // inv_freq in fp32 exactly as the spec (§3.3): exponent (2i)/d in fp32, pow in fp32, reciprocal.
-  std::vector<float> inv_freq(size_t(half));
+  std::vector<float> inv_freq(static_cast<size_t>(half));
   for (int i = 0; i < half; ++i)
     inv_freq[size_t(i)] = 1.0f / std::pow(float(theta), float(2 * i) / float(head_dim));
   float* data = f32(x);
   const int64_t heads = x.cols / head_dim;
   pool_.parallel_for(x.rows, [&](int64_t r0, int64_t r1) {
-    std::vector<float> cs(size_t(half)), sn(size_t(half));
+    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
     for (int64_t r = r0; r < r1; ++r) {
       const float p = float(batch_->positions[size_t(r)]);
       for (int i = 0; i < half; ++i) {

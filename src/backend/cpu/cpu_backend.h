@@ -20,6 +20,7 @@ class CpuBackend final : public Backend {
   void download(const Mat& src, float* host) override;
   Weight load_weight(const TensorView& host) override;
   Weight load_vector(const TensorView& host) override;
+  Weight random_weight(int64_t rows, int64_t cols, float mean, float std, uint64_t seed) override;
 
   void create_caches(const CacheSpec& spec) override;
   void reset_state(int slot) override;

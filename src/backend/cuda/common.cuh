@@ -1,0 +1,131 @@
+// Device helpers shared by the kernels: dtype loads/stores with the reference's bf16 rounding,
+// 16-byte vector access, warp reductions, and the mma.sync / ldmatrix / cp.async wrappers.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+
+namespace sala::cuda {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float ldf(const void* p, int dt, int64_t i) {
+  if (dt == kBF16) return __bfloat162float(static_cast<const bf16*>(p)[i]);
+  if (dt == kF32) return static_cast<const float*>(p)[i];
+  return __half2float(static_cast<const __half*>(p)[i]);
+}
+
+__device__ __forceinline__ void stf(void* p, int dt, int64_t i, float v) {
+  if (dt == kBF16)
+    static_cast<bf16*>(p)[i] = __float2bfloat16_rn(v);
+  else if (dt == kF32)
+    static_cast<float*>(p)[i] = v;
+  else
+    static_cast<__half*>(p)[i] = __float2half_rn(v);
+}
+
+// Rounds v to the storage precision of dtype dt (the reference's rounding points, spec §2.6);
+// identity for f32 outputs.
+__device__ __forceinline__ float rnd(int dt, float v) {
+  if (dt == kBF16) return __bfloat162float(__float2bfloat16_rn(v));
+  if (dt == kF16) return __half2float(__float2half_rn(v));
+  return v;
+}
+__device__ __forceinline__ float rbf(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// 8 bf16 in a uint4 <-> 8 floats.
+__device__ __forceinline__ void unpack8(const uint4& u, float f[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 t = __bfloat1622float2(h[i]);
+    f[2 * i] = t.x;
+    f[2 * i + 1] = t.y;
+  }
+}
+__device__ __forceinline__ uint4 pack8(const float f[8]) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+  return u;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// ---- tensor-core and async-copy primitives (sm_80+) ----
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldsm_x2(uint32_t& r0, uint32_t& r1, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2_t(uint32_t& r0, uint32_t& r1, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+// 16-byte global -> shared copy; src_bytes = 0 fills the destination with zeros.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+// Number of 16-byte chunks in a row of D bf16 values, and the XOR swizzle mask that spreads the
+// 8 rows of an ldmatrix over distinct bank groups (rows of ≥ 128 bytes; narrower rows conflict
+// a little, which only the tiny test geometries see).
+template <int D>
+struct RowSwizzle {
+  static constexpr int kChunks = D / 8;
+  static constexpr int kMask = (kChunks < 8 ? kChunks : 8) - 1;
+  __device__ __forceinline__ static int chunk(int row, int c) { return c ^ (row & kMask); }
+  // Byte offset of chunk c of row `row` in a tile of rows × D bf16.
+  __device__ __forceinline__ static uint32_t offset(int row, int c) {
+    return uint32_t(row * D * 2 + chunk(row, c) * 16);
+  }
+};
+
+__host__ __device__ inline int64_t n_chunks(int64_t T, int64_t window, int64_t stride) {
+  return T < window ? 0 : (T - window) / stride + 1;
+}
+
+inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 16) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  if (b > max_blocks) b = max_blocks;
+  return unsigned(b);
+}
+
+}  // namespace sala::cuda

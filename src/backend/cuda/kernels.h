@@ -1,0 +1,134 @@
+// Host-callable launchers of the CUDA kernels (implemented in the .cu files of this directory) and
+// the plain-old-data structures the backend uploads for them in begin_batch. No CUDA C++ here, so
+// the backend itself is ordinary C++ (cuda_backend.cpp).
+#pragma once
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace sala::cuda {
+
+// Element types the kernels understand (activations may be F32 or BF16; F16 is accepted by the
+// generic elementwise paths).
+enum Dt : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+// ---- per-batch metadata (built on the host in begin_batch, one upload per batch) ----
+struct SeqMeta {
+  int32_t slot, start, n_new, cached;
+  int32_t sparse, page_off, n_pages, pad;
+};
+
+// One CTA of the attention kernel: 16 query rows (tokens × heads of one KV head) against one
+// split of the unit's key chunks. Dense: chunks are 32-key tiles of [0, p_max]; sparse: chunks are
+// the selected blocks of the unit's single token (selection list `sel_item`).
+struct AttnItem {
+  int32_t seq, row0, ntok, kvh;
+  int32_t head0, nheads, nchunks, sparse;
+  int32_t split, nsplit, part, sel_item;  // part: first partial slot of this unit (-1: no split)
+};
+
+// One (token row, all KV heads) that needs InfLLM-v2 block selection.
+struct SelItem {
+  int32_t seq, row, p, T;
+  int32_t ncol;       // stage-1 columns computed: min(n1(p+1), scored_columns(qb))
+  int32_t vis2;       // K2 chunks visible: n2(p+1)
+  int32_t nsel;       // blocks selected: min(topk + local, NB(T)) (< qb + 1 here)
+  int32_t pad;
+  int64_t cs_off;     // offset (floats) of this item's chunk scores, kv_heads × ncol
+  int64_t key_off;    // offset (uint32) of this item's block keys, kv_heads × (qb + 1)
+};
+
+// One compressed chunk to build: mean of `window` keys from token `first` of sequence `seq`.
+struct CompressJob {
+  int32_t seq, first, window, level;  // level 1: K1, 2: K2
+  int64_t dst_row;                    // row index in the level's pool (layer offset added by the kernel)
+};
+
+// Geometry of the sparse-layer pools (bf16), row = kv_heads × head_dim values.
+struct PoolGeom {
+  void* k;
+  void* v;
+  void* k1;
+  void* k2;
+  int32_t bs, kvh, d, max_pages;
+  int32_t k1pp, k2pp, ks, st;
+  int32_t init_blocks, local_blocks, topk, pad;
+};
+
+// ---- elementwise (elementwise.cu) ----
+enum EwOp : int { kSiluMul = 0, kSigmoidMul = 1, kAddScaled = 2, kScale = 3 };
+// out = op(a, b) elementwise over n values; for kAddScaled, a is h (read) and out is h (written).
+void launch_elementwise(EwOp op, int64_t n, const void* a, Dt dta, const void* b, Dt dtb, void* out, Dt dto,
+                        float alpha, cudaStream_t st);
+void launch_rmsnorm(const void* x, Dt dtx, const void* w, Dt dtw, void* y, Dt dty, int64_t rows, int64_t cols,
+                    float eps, cudaStream_t st);
+void launch_rope(void* x, Dt dt, int64_t rows, int64_t cols, int head_dim, const int32_t* positions,
+                 const float* inv_freq, cudaStream_t st);
+void launch_embed(const void* table, Dt dtt, int64_t cols, const int32_t* tokens, int64_t rows, float scale, void* out,
+                  Dt dto, cudaStream_t st);
+void launch_gather_rows(const void* x, Dt dtx, const int64_t* rows_idx, int64_t rows, int64_t cols, void* out, Dt dto,
+                        cudaStream_t st);
+void launch_convert(const void* src, Dt dts, void* dst, Dt dtd, int64_t n, cudaStream_t st);
+void launch_random_bf16(void* dst, int64_t n, float mean, float std, uint64_t seed, cudaStream_t st);
+
+// ---- matrix products (gemv.cu; the large case is cuBLAS in cuda_backend.cpp) ----
+// y[n, o] = Σ_i x[n, i] · W[o, i] for n < N ≤ 8; W bf16 [out, in] row-major.
+void launch_gemv(const void* x, Dt dtx, int64_t ldx, const void* w, int64_t out, int64_t in, void* y, Dt dty,
+                 int64_t ldy, int N, cudaStream_t st);
+
+// ---- lightning (gla.cu) ----
+struct GlaArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  Dt dt;                    // dtype of q, k, v, out (all the same)
+  int64_t ldq, ldk, ldv, ldo;
+  float* states;            // [slot][layer][head][d][d]
+  int32_t layer, layers, heads, kv_heads, d;
+  const float* log_decay;   // [heads] (device)
+  float scale;
+  const SeqMeta* seqs;
+  const int32_t* seq_list;  // sequences handled by this launch
+  int32_t n_list;
+};
+void launch_gla_recurrent(const GlaArgs& a, cudaStream_t st);
+void launch_gla_chunked(const GlaArgs& a, cudaStream_t st);
+
+// ---- sparse layers (cache.cu, select.cu, attention.cu) ----
+struct SparseArgs {
+  PoolGeom pool;
+  int32_t layer;
+  int32_t q_heads;          // all q heads; G = q_heads / kv_heads
+  float scale;              // softmax scale (1/sqrt(d))
+  const void* q;
+  Dt dtq;
+  int64_t ldq;
+  void* out;
+  Dt dto;
+  int64_t ldo;
+  const SeqMeta* seqs;
+  const int32_t* pages;     // flattened page tables
+  // selection
+  const SelItem* sel_items;
+  int32_t n_sel_items;
+  int32_t kmax;             // topk + local_blocks: stride of the selection lists
+  float* chunk_scores;      // scratch (SelItem::cs_off)
+  uint32_t* block_keys;     // scratch (SelItem::key_off)
+  int32_t* sel;             // [n_sel_items][kv_heads][kmax]
+  // attention
+  const AttnItem* items;
+  int32_t n_items;
+  float* partial;           // [slot][16][d] unnormalised outputs of split units
+  float* partial_ml;        // [slot][16][2] (max, sum) in the log2 domain
+  const int32_t* combine_items;  // indices of items with split == 0 and nsplit > 1
+  int32_t n_combine;
+};
+void launch_append_kv(const PoolGeom& pool, int layer, const void* k, const void* v, Dt dt, int64_t ldk, int64_t ldv,
+                      const int64_t* row_dst, int64_t n_rows, cudaStream_t st);
+void launch_compress(const PoolGeom& pool, int layer, const CompressJob* jobs, int n_jobs, const SeqMeta* seqs,
+                     const int32_t* pages, cudaStream_t st);
+void launch_select(const SparseArgs& a, cudaStream_t st);
+void launch_attention(const SparseArgs& a, cudaStream_t st);
+
+}  // namespace sala::cuda

@@ -1,0 +1,113 @@
+// sala info MODEL: config summary, layer layout, parameters and bytes per dtype, tensor table.
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "model/loader.h"
+#include "model/presets.h"
+#include "model/weights.h"
+
+namespace sala::cli {
+namespace {
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return fmt::format("{:.2f} {}", b, units[u]);
+}
+
+void print_memory(const ModelConfig& c, int64_t context) {
+  const int ns = c.count(MixerKind::Sparse), nl = c.count(MixerKind::Lightning);
+  const double kv = 2.0 * ns * context * c.num_kv_heads * c.head_dim * 2;  // bf16 K and V
+  const double k12 = double(ns) * (c.sparse.n1(context) + c.sparse.n2(context)) * c.num_kv_heads * c.head_dim * 2;
+  const double state = double(nl) * c.lightning_heads * c.lightning_head_dim * c.lightning_head_dim * 4;
+  std::printf("cache per sequence at %lld tokens (CUDA, bf16 K/V):\n", (long long)context);
+  std::printf("  sparse K/V        %s\n  compressed K1/K2  %s\n  lightning states  %s (fp32, independent of context)\n",
+              human_bytes(kv).c_str(), human_bytes(k12).c_str(), human_bytes(state).c_str());
+}
+
+Runner setup(CLI::App& app) {
+  struct Opts {
+    std::string model, preset;
+    bool tensors = false;
+    int64_t context = 0;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("MODEL", o->model, "model directory (config.json, weights optional) or config.json");
+  app.add_option("--preset", o->preset, "describe a preset instead of a directory")
+      ->check(CLI::IsMember(preset_names()));
+  app.add_flag("--tensors", o->tensors, "print the tensor table");
+  app.add_option("--context", o->context, "also print the cache memory of one sequence at this many tokens");
+  return [o] {
+    SALA_CHECK(o->model.empty() != o->preset.empty(), "info: give a MODEL directory or --preset");
+    ModelConfig c;
+    std::unique_ptr<Checkpoint> ckpt;
+    std::string where;
+    if (!o->preset.empty()) {
+      c = preset_config(o->preset);
+      where = "preset " + o->preset;
+    } else {
+      auto dir = resolve_model_dir(o->model);
+      c = ModelConfig::load(dir / "config.json");
+      where = dir.string();
+      bool has_weights = false;
+      for (auto& e : std::filesystem::directory_iterator(dir))
+        has_weights |= e.path().extension() == ".safetensors";
+      if (has_weights) ckpt = std::make_unique<Checkpoint>(dir);
+      if (ckpt && ckpt->metadata().count("sala_random_weights")) c.random_weights = true;
+    }
+    std::printf("model: %s%s\n", where.c_str(), c.random_weights ? "  [RANDOM weights]" : "");
+    std::printf("hidden %d, intermediate %d, vocab %d, heads %d (sparse kv heads %d, lightning kv heads %d), "
+                "head dim %d\n",
+                c.hidden_size, c.intermediate_size, c.vocab_size, c.num_heads, c.num_kv_heads, c.lightning_kv_heads,
+                c.head_dim);
+    std::string sparse_list;
+    for (int i = 0; i < c.num_layers; ++i)
+      if (c.mixers[size_t(i)] == MixerKind::Sparse) sparse_list += (sparse_list.empty() ? "" : ", ") + std::to_string(i);
+    std::printf("layers: %d (%d sparse at %s; %d lightning)\n", c.num_layers, c.count(MixerKind::Sparse),
+                sparse_list.c_str(), c.count(MixerKind::Lightning));
+    std::string map;
+    for (auto m : c.mixers) map += m == MixerKind::Sparse ? 'S' : 'L';
+    std::printf("layout: %s\n", map.c_str());
+    const auto& s = c.sparse;
+    std::printf("sparse: block %d, K1 %d/%d, K2 %d/%d, init %d, window %d (%d blocks), topk %d, dense below %d\n",
+                s.block_size, s.kernel_size, s.kernel_stride, s.k2_size(), s.k2_stride(), s.init_blocks,
+                s.window_size, s.local_blocks(), s.topk, s.dense_len);
+    std::printf("residual scale %.9f, embedding x%g, logits /%g, lightning scale %.9f\n", c.residual_scale(),
+                c.scale_emb, c.logit_divisor(), c.lightning_qk_scale());
+
+    std::map<std::string, std::pair<int64_t, double>> per_dtype;  // params, bytes
+    int64_t total = 0;
+    if (ckpt) {
+      for (const auto& [name, v] : ckpt->tensors()) {
+        auto& e = per_dtype[std::string(dtype_name(v.dtype))];
+        e.first += v.numel();
+        e.second += double(v.nbytes());
+        total += v.numel();
+      }
+    } else {
+      for (const auto& t : expected_tensors(c)) total += shape_numel(t.shape);
+      per_dtype["BF16 (no weights here; as published)"] = {total, 2.0 * double(total)};
+    }
+    std::printf("parameters: %.3f B (%lld)\n", double(total) / 1e9, (long long)total);
+    for (const auto& [dt, e] : per_dtype)
+      std::printf("  %-8s %14lld params  %s\n", dt.c_str(), (long long)e.first, human_bytes(e.second).c_str());
+    if (o->context > 0) print_memory(c, o->context);
+    if (o->tensors) {
+      for (const auto& t : expected_tensors(c)) {
+        std::string dt = "-";
+        if (ckpt && ckpt->contains(t.name)) dt = std::string(dtype_name(ckpt->get(t.name).dtype));
+        std::printf("  %-52s %-16s %s\n", t.name.c_str(), shape_str(t.shape).c_str(), dt.c_str());
+      }
+    }
+    return 0;
+  };
+}
+
+}  // namespace
+SALA_COMMAND(info, "Describe a model: config, layer layout, parameters, tensors", setup);
+}  // namespace sala::cli

@@ -1,0 +1,137 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace sala {
+
+Engine::Engine(Model& model, EngineOptions options)
+    : model_(model), options_(options), block_size_(model.config().sparse.block_size) {
+  SALA_CHECK(options.max_sequences > 0, "engine: max_sequences must be positive");
+  SALA_CHECK(options.max_context > 0, "engine: max_context must be positive");
+  const int64_t pages_per_seq = (options.max_context + block_size_ - 1) / block_size_;
+  const int64_t pages = pages_per_seq * options.max_sequences;
+  SALA_CHECK(pages < (int64_t(1) << 31), "engine: {} cache pages is too many", pages);
+  // Two slots per sequence: its live state and one snapshot.
+  const int slots = 2 * options.max_sequences;
+  model_.backend().create_caches(model_.cache_spec(int(pages), slots));
+  for (int64_t p = pages - 1; p >= 0; --p) free_pages_.push_back(int32_t(p));
+  for (int s = slots - 1; s >= 0; --s) free_slots_.push_back(s);
+}
+
+Engine::Sequence& Engine::get(int seq) {
+  auto it = seqs_.find(seq);
+  SALA_CHECK(it != seqs_.end(), "engine: no sequence {}", seq);
+  return it->second;
+}
+const Engine::Sequence& Engine::get(int seq) const { return const_cast<Engine*>(this)->get(seq); }
+
+int Engine::take_slot() {
+  SALA_CHECK(!free_slots_.empty(), "engine: no free lightning-state slot");
+  int s = free_slots_.back();
+  free_slots_.pop_back();
+  return s;
+}
+
+int Engine::open() {
+  SALA_CHECK(int(seqs_.size()) < options_.max_sequences, "engine: all {} sequence slots are in use",
+             options_.max_sequences);
+  Sequence s;
+  s.slot = take_slot();
+  model_.backend().reset_state(s.slot);
+  const int id = next_id_++;
+  seqs_.emplace(id, std::move(s));
+  return id;
+}
+
+void Engine::close(int seq) {
+  Sequence& s = get(seq);
+  free_pages_.insert(free_pages_.end(), s.pages.begin(), s.pages.end());
+  free_slots_.push_back(s.slot);
+  if (s.snapshot_slot >= 0) free_slots_.push_back(s.snapshot_slot);
+  seqs_.erase(seq);
+}
+
+int64_t Engine::length(int seq) const { return int64_t(get(seq).tokens.size()); }
+std::span<const int32_t> Engine::tokens(int seq) const { return get(seq).tokens; }
+
+void Engine::ensure_pages(Sequence& s, int64_t length) {
+  const int64_t need = (length + block_size_ - 1) / block_size_;
+  while (int64_t(s.pages.size()) < need) {
+    SALA_CHECK(!free_pages_.empty(), "engine: KV cache pool exhausted ({} tokens per sequence x {} sequences)",
+               options_.max_context, options_.max_sequences);
+    s.pages.push_back(free_pages_.back());
+    free_pages_.pop_back();
+  }
+}
+
+std::vector<std::vector<float>> Engine::step(std::span<const Request> requests) {
+  const int V = model_.config().vocab_size;
+  BatchInfo batch;
+  std::vector<int64_t> rows;
+  std::vector<std::pair<size_t, size_t>> row_range;  // per request: first logits row, count
+  for (const auto& r : requests) {
+    Sequence& s = get(r.seq);
+    const int64_t cached = int64_t(s.tokens.size()), n = int64_t(r.tokens.size());
+    SALA_CHECK(n > 0, "engine: empty request for sequence {}", r.seq);
+    SALA_CHECK(cached + n <= options_.max_context, "engine: sequence {} would reach {} tokens, context is {}", r.seq,
+               cached + n, options_.max_context);
+    ensure_pages(s, cached + n);
+    SeqEntry e;
+    e.slot = s.slot;
+    e.start = batch.n_tokens();
+    e.n_new = n;
+    e.cached = cached;
+    const int64_t regime_len = r.regime_len >= 0 ? r.regime_len : cached + n;
+    e.sparse = regime_len >= model_.config().sparse.dense_len;
+    e.pages = s.pages;
+    for (int64_t i = 0; i < n; ++i) {
+      batch.tokens.push_back(r.tokens[size_t(i)]);
+      batch.positions.push_back(int32_t(cached + i));
+    }
+    const size_t first = rows.size();
+    if (r.need_logits)
+      for (int64_t i = r.all_logits ? 0 : n - 1; i < n; ++i) rows.push_back(e.start + i);
+    row_range.emplace_back(first, rows.size() - first);
+    batch.seqs.push_back(std::move(e));
+  }
+  std::vector<float> logits(rows.size() * size_t(V));
+  model_.forward(batch, rows, logits);
+  for (const auto& r : requests) {
+    Sequence& s = get(r.seq);
+    s.tokens.insert(s.tokens.end(), r.tokens.begin(), r.tokens.end());
+  }
+  std::vector<std::vector<float>> out;
+  for (const auto& [first, count] : row_range)
+    out.emplace_back(logits.begin() + std::ptrdiff_t(first * V), logits.begin() + std::ptrdiff_t((first + count) * V));
+  return out;
+}
+
+void Engine::snapshot(int seq) {
+  Sequence& s = get(seq);
+  if (s.snapshot_slot < 0) s.snapshot_slot = take_slot();
+  model_.backend().copy_state(s.slot, s.snapshot_slot);
+  s.snapshot_len = int64_t(s.tokens.size());
+}
+
+void Engine::trim(int seq, int64_t new_len) {
+  Sequence& s = get(seq);
+  SALA_CHECK(new_len >= 0 && new_len <= int64_t(s.tokens.size()), "engine: cannot trim sequence {} of {} tokens to {}",
+             seq, s.tokens.size(), new_len);
+  if (new_len == int64_t(s.tokens.size())) return;
+  SALA_CHECK(s.snapshot_len == new_len,
+             "engine: cannot trim sequence {} to {} tokens: lightning states are only restorable to a snapshot "
+             "(taken at {})", seq, new_len, s.snapshot_len);
+  model_.backend().copy_state(s.snapshot_slot, s.slot);
+  s.tokens.resize(size_t(new_len));
+  // Pages past the new length go back to the pool; K1/K2 beyond n1/n2(new_len) are simply
+  // overwritten when the sequence grows again.
+  const int64_t keep = (new_len + block_size_ - 1) / block_size_;
+  while (int64_t(s.pages.size()) > keep) {
+    free_pages_.push_back(s.pages.back());
+    s.pages.pop_back();
+  }
+}
+
+}  // namespace sala

@@ -1,0 +1,71 @@
+// Sequences over the model's cache pools: a sequence is a lightning-state slot plus a list of KV
+// pages (design notes, "Memory"). Admission, growth, snapshots and trimming are bookkeeping; the
+// forward pass itself is one packed batch per step.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "model/model.h"
+
+namespace sala {
+
+struct EngineOptions {
+  int max_sequences = 4;          // live sequences at once
+  int64_t max_context = 4096;     // tokens per sequence (prompt + generated)
+};
+
+class Engine {
+ public:
+  Engine(Model& model, EngineOptions options);
+  Model& model() { return model_; }
+  const EngineOptions& options() const { return options_; }
+
+  int open();            // a new, empty sequence; throws when max_sequences are live
+  void close(int seq);   // frees its slot and pages
+  int64_t length(int seq) const;
+  std::span<const int32_t> tokens(int seq) const;  // every token fed to the sequence so far
+
+  struct Request {
+    int seq;
+    std::span<const int32_t> tokens;  // appended to the sequence in this step
+    int64_t regime_len = -1;  // T used for the dense/sparse decision; -1: length after the step (§4.2)
+    bool all_logits = false;  // logits for every token (else only the last)
+    bool need_logits = true;  // false: no logits at all (a prompt chunk that does not end the prompt)
+  };
+  // One forward over all requests (a packed batch). Returns, per request, its logits rows
+  // ([rows, vocab] flattened; empty when need_logits is false). Total tokens must fit the model's
+  // max_batch_tokens.
+  std::vector<std::vector<float>> step(std::span<const Request> requests);
+
+  // Remembers the sequence's lightning states at its current length, so trim() can return to it.
+  void snapshot(int seq);
+  // Cuts the sequence back to new_len tokens: KV pages and compressed keys are bookkeeping; the
+  // lightning states need a snapshot taken at exactly new_len (an error otherwise).
+  void trim(int seq, int64_t new_len);
+
+ private:
+  struct Sequence {
+    int slot = -1;
+    int snapshot_slot = -1;
+    int64_t snapshot_len = -1;
+    std::vector<int32_t> pages;
+    std::vector<int32_t> tokens;
+  };
+  Sequence& get(int seq);
+  const Sequence& get(int seq) const;
+  int take_slot();
+  void ensure_pages(Sequence& s, int64_t length);
+
+  Model& model_;
+  EngineOptions options_;
+  int block_size_;
+  std::vector<int32_t> free_pages_;
+  std::vector<int> free_slots_;
+  std::unordered_map<int, Sequence> seqs_;
+  int next_id_ = 0;
+};
+
+}  // namespace sala

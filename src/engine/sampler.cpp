@@ -1,0 +1,88 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <unordered_map>
+
+#include "core/error.h"
+
+namespace sala {
+
+Sampler::Sampler(SamplingParams params) : params_(params), rng_(params.seed) {
+  SALA_CHECK(params.temperature >= 0, "temperature must be >= 0, got {}", params.temperature);
+  SALA_CHECK(params.top_p > 0 && params.top_p <= 1, "top_p must be in (0, 1], got {}", params.top_p);
+  SALA_CHECK(params.min_p >= 0 && params.min_p <= 1, "min_p must be in [0, 1], got {}", params.min_p);
+  SALA_CHECK(params.top_k >= 0, "top_k must be >= 0, got {}", params.top_k);
+  SALA_CHECK(params.repetition_penalty > 0, "repetition_penalty must be > 0, got {}", params.repetition_penalty);
+}
+
+SampledToken Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  const int V = int(logits.size());
+  work_.assign(logits.begin(), logits.end());
+  const auto& p = params_;
+  if (p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) {
+    std::unordered_map<int32_t, int> counts;
+    for (int32_t t : history)
+      if (t >= 0 && t < V) counts[t]++;
+    for (auto [t, n] : counts) {
+      float& l = work_[size_t(t)];
+      if (p.repetition_penalty != 1.0f) l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+      l -= float(n) * p.frequency_penalty + p.presence_penalty;
+    }
+  }
+  // Log-softmax of the penalised logits: the reported logprobs (as OpenAI-compatible servers do).
+  const float mx = *std::max_element(work_.begin(), work_.end());
+  double z = 0;
+  for (float l : work_) z += std::exp(double(l - mx));
+  const float log_z = mx + float(std::log(z));
+
+  SampledToken out;
+  if (p.temperature == 0.0f) {
+    out.id = int32_t(std::max_element(work_.begin(), work_.end()) - work_.begin());  // first max on ties
+  } else {
+    // Candidates sorted by logit; truncation by top-k, then top-p, then min-p (llama.cpp order).
+    order_.resize(size_t(V));
+    std::iota(order_.begin(), order_.end(), 0);
+    size_t keep = p.top_k > 0 ? std::min<size_t>(size_t(p.top_k), size_t(V)) : size_t(V);
+    auto by_logit = [&](int32_t a, int32_t b) { return work_[size_t(a)] > work_[size_t(b)] || (work_[size_t(a)] == work_[size_t(b)] && a < b); };
+    std::partial_sort(order_.begin(), order_.begin() + std::ptrdiff_t(keep), order_.end(), by_logit);
+    order_.resize(keep);
+    std::vector<double> prob(keep);
+    const float top = work_[size_t(order_[0])];
+    double sum = 0;
+    for (size_t i = 0; i < keep; ++i) sum += prob[i] = std::exp(double(work_[size_t(order_[i])] - top) / p.temperature);
+    if (p.top_p < 1.0f) {
+      double acc = 0;
+      size_t n = 0;
+      while (n < keep) {
+        acc += prob[n++] / sum;
+        if (acc >= p.top_p) break;
+      }
+      keep = n;
+    }
+    if (p.min_p > 0.0f) {
+      size_t n = 1;
+      while (n < keep && prob[n] >= p.min_p * prob[0]) ++n;
+      keep = n;
+    }
+    double total = 0;
+    for (size_t i = 0; i < keep; ++i) total += prob[i];
+    double r = std::uniform_real_distribution<double>(0.0, total)(rng_);
+    size_t pick = 0;
+    while (pick + 1 < keep && r >= prob[pick]) r -= prob[pick++];
+    out.id = order_[pick];
+  }
+  out.logprob = work_[size_t(out.id)] - log_z;
+  if (p.top_logprobs > 0) {
+    std::vector<int32_t> idx(static_cast<size_t>(V));
+    std::iota(idx.begin(), idx.end(), 0);
+    const size_t k = std::min<size_t>(size_t(p.top_logprobs), size_t(V));
+    std::partial_sort(idx.begin(), idx.begin() + std::ptrdiff_t(k), idx.end(),
+                      [&](int32_t a, int32_t b) { return work_[size_t(a)] > work_[size_t(b)]; });
+    for (size_t i = 0; i < k; ++i) out.top.emplace_back(idx[i], work_[size_t(idx[i])] - log_z);
+  }
+  return out;
+}
+
+}  // namespace sala

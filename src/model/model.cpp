@@ -1,0 +1,164 @@
+// The forward pass (spec §2–§4). Every step is a backend op; the host only slices the workspace.
+#include "model/model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace sala {
+
+Model::Model(ModelConfig config, ModelWeights weights, Backend& backend, ModelLimits limits)
+    : config_(std::move(config)), weights_(std::move(weights)), backend_(backend), limits_(limits) {
+  const auto& c = config_;
+  const int64_t N = limits_.max_batch_tokens, R = limits_.max_logit_rows;
+  const int64_t attn_w = std::max<int64_t>(int64_t(c.num_heads) * c.head_dim,
+                                           int64_t(c.lightning_heads) * c.lightning_head_dim);
+  const int64_t kv_w = std::max<int64_t>(int64_t(c.num_kv_heads) * c.head_dim,
+                                         int64_t(c.lightning_kv_heads) * c.lightning_head_dim);
+  const DType act = backend_.act_dtype();
+  const size_t es = dtype_size(act);
+  // Layout of the one workspace buffer: each matrix at its own offset, 256-byte aligned.
+  struct Slot { Mat* m; int64_t rows, cols; DType dt; };
+  std::vector<Slot> slots = {
+      {&h_, N, c.hidden_size, act},        {&x_, N, c.hidden_size, act},   {&q_, N, attn_w, act},
+      {&k_, N, kv_w, act},                 {&v_, N, kv_w, act},            {&z_, N, attn_w, act},
+      {&attn_, N, attn_w, act},            {&mix_, N, c.hidden_size, act}, {&gate_, N, c.intermediate_size, act},
+      {&up_, N, c.intermediate_size, act}, {&act_, N, c.intermediate_size, act},
+      {&logits_in_, R, c.hidden_size, act}, {&logits_out_, R, c.vocab_size, DType::F32}};
+  size_t total = 0;
+  std::vector<size_t> offsets;
+  for (auto& s : slots) {
+    offsets.push_back(total);
+    total += (size_t(s.rows * s.cols) * dtype_size(s.dt) + 255) / 256 * 256;
+  }
+  (void)es;
+  ws_ = backend_.alloc(total);
+  for (size_t i = 0; i < slots.size(); ++i)
+    *slots[i].m = Mat{static_cast<uint8_t*>(ws_->data()) + offsets[i], slots[i].dt, slots[i].rows, slots[i].cols};
+}
+
+CacheSpec Model::cache_spec(int max_pages, int max_slots) const {
+  const auto& c = config_;
+  CacheSpec s;
+  s.sparse_layers = c.count(MixerKind::Sparse);
+  s.kv_heads = c.num_kv_heads;
+  s.q_heads = c.num_heads;
+  s.head_dim = c.head_dim;
+  s.block_size = c.sparse.block_size;
+  s.kernel_size = c.sparse.kernel_size;
+  s.kernel_stride = c.sparse.kernel_stride;
+  s.init_blocks = c.sparse.init_blocks;
+  s.local_blocks = c.sparse.local_blocks();
+  s.topk = c.sparse.topk;
+  s.max_pages = max_pages;
+  s.lightning_layers = c.count(MixerKind::Lightning);
+  s.lightning_heads = c.lightning_heads;
+  s.lightning_dim = c.lightning_head_dim;
+  s.log_decay = c.lightning_log_decay();
+  s.lightning_scale = float(c.lightning_qk_scale());
+  s.max_slots = max_slots;
+  s.attn_scale = float(1.0 / std::sqrt(double(c.head_dim)));
+  return s;
+}
+
+// Lightning layer (spec §3): projections, per-head q/k RMSNorm, RoPE, Simple GLA, o_norm, z gate.
+void Model::lightning_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out, int64_t n) {
+  const auto& c = config_;
+  const int64_t qw = int64_t(c.lightning_heads) * c.lightning_head_dim;
+  const int64_t kw = int64_t(c.lightning_kv_heads) * c.lightning_head_dim;
+  Mat q = q_.slice_rows(0, n).reshape(n, qw), k = k_.slice_rows(0, n).reshape(n, kw);
+  Mat v = v_.slice_rows(0, n).reshape(n, kw), attn = attn_.slice_rows(0, n).reshape(n, qw);
+  backend_.matmul(x, w.q, q);
+  backend_.matmul(x, w.k, k);
+  backend_.matmul(x, w.v, v);
+  if (c.qk_norm) {
+    const int d = c.lightning_head_dim;
+    backend_.rmsnorm(q.reshape(n * qw / d, d), w.q_norm, c.rms_norm_eps, q.reshape(n * qw / d, d));
+    backend_.rmsnorm(k.reshape(n * kw / d, d), w.k_norm, c.rms_norm_eps, k.reshape(n * kw / d, d));
+  }
+  if (c.lightning_use_rope) {
+    backend_.rope(q, c.lightning_head_dim, c.rope_theta);
+    backend_.rope(k, c.lightning_head_dim, c.rope_theta);
+  }
+  backend_.lightning_attention(config_.kind_index(layer), q, k, v, attn);
+  if (c.use_output_norm) backend_.rmsnorm(attn, w.o_norm, c.rms_norm_eps, attn);
+  if (c.use_output_gate) {
+    Mat z = z_.slice_rows(0, n).reshape(n, qw);
+    backend_.matmul(x, w.z, z);
+    backend_.sigmoid_mul(attn, z, attn);
+  }
+  backend_.matmul(attn, w.o, out);
+}
+
+// Sparse layer (spec §4): projections (NoPE unless attn_use_rope), InfLLM-v2 / dense attention
+// with the caches, o_gate, o_proj.
+void Model::sparse_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out, int64_t n) {
+  const auto& c = config_;
+  const int64_t qw = int64_t(c.num_heads) * c.head_dim, kw = int64_t(c.num_kv_heads) * c.head_dim;
+  Mat q = q_.slice_rows(0, n).reshape(n, qw), k = k_.slice_rows(0, n).reshape(n, kw);
+  Mat v = v_.slice_rows(0, n).reshape(n, kw), attn = attn_.slice_rows(0, n).reshape(n, qw);
+  backend_.matmul(x, w.q, q);
+  backend_.matmul(x, w.k, k);
+  backend_.matmul(x, w.v, v);
+  if (c.attn_use_rope) {
+    backend_.rope(q, c.head_dim, c.rope_theta);
+    backend_.rope(k, c.head_dim, c.rope_theta);
+  }
+  backend_.sparse_attention(config_.kind_index(layer), q, k, v, attn);
+  if (c.attn_use_output_gate) {
+    Mat z = z_.slice_rows(0, n).reshape(n, qw);
+    backend_.matmul(x, w.o_gate, z);
+    backend_.sigmoid_mul(attn, z, attn);
+  }
+  backend_.matmul(attn, w.o, out);
+}
+
+void Model::forward(const BatchInfo& batch, std::span<const int64_t> logit_rows, std::span<float> logits,
+                    int n_layers) {
+  const auto& c = config_;
+  const int64_t n = batch.n_tokens();
+  SALA_CHECK(n > 0, "forward: empty batch");
+  SALA_CHECK(n <= limits_.max_batch_tokens, "forward: {} tokens exceed the workspace ({} tokens per call)", n,
+             limits_.max_batch_tokens);
+  SALA_CHECK(int64_t(logit_rows.size()) <= limits_.max_logit_rows, "forward: {} logit rows exceed the limit {}",
+             logit_rows.size(), limits_.max_logit_rows);
+  SALA_CHECK(logits.size() == logit_rows.size() * size_t(c.vocab_size), "forward: logits buffer has {} floats, need {}",
+             logits.size(), logit_rows.size() * size_t(c.vocab_size));
+  if (n_layers < 0) n_layers = c.num_layers;
+  SALA_CHECK(n_layers <= c.num_layers, "forward: {} layers requested, model has {}", n_layers, c.num_layers);
+
+  backend_.begin_batch(batch);
+  Mat h = h_.slice_rows(0, n), x = x_.slice_rows(0, n), mix = mix_.slice_rows(0, n);
+  const float alpha = float(c.residual_scale());
+  backend_.embed(weights_.embed, c.scale_emb, h);
+  for (int i = 0; i < n_layers; ++i) {
+    const LayerWeights& w = weights_.layers[size_t(i)];
+    backend_.rmsnorm(h, w.input_norm, c.rms_norm_eps, x);
+    if (w.kind == MixerKind::Sparse)
+      sparse_mixer(i, w, x, mix, n);
+    else
+      lightning_mixer(i, w, x, mix, n);
+    backend_.add_scaled(h, mix, alpha);
+
+    backend_.rmsnorm(h, w.post_norm, c.rms_norm_eps, x);
+    Mat g = gate_.slice_rows(0, n), u = up_.slice_rows(0, n), a = act_.slice_rows(0, n);
+    backend_.matmul(x, w.gate, g);
+    backend_.matmul(x, w.up, u);
+    backend_.silu_mul(g, u, a);
+    backend_.matmul(a, w.down, mix);
+    backend_.add_scaled(h, mix, alpha);
+  }
+  if (logit_rows.empty()) return;
+
+  // Only the rows whose logits are wanted go through the final norm and lm_head (spec §2.5).
+  const int64_t r = int64_t(logit_rows.size());
+  Mat sel = logits_in_.slice_rows(0, r), out = logits_out_.slice_rows(0, r);
+  backend_.gather_rows(h, logit_rows, sel);
+  backend_.rmsnorm(sel, weights_.final_norm, c.rms_norm_eps, sel);
+  backend_.scale(sel, float(1.0 / c.logit_divisor()), sel);
+  backend_.matmul(sel, weights_.lm_head, out);
+  backend_.download(out, logits.data());
+}
+
+}  // namespace sala
