@@ -105,7 +105,7 @@ uint64_t checked_nbytes(const Shape& shape, DType dtype, const std::string& file
 // would silently keep only one of them, hiding a corrupt or maliciously crafted file.
 json parse_header(const char* text, size_t n, const std::string& file) {
   std::vector<std::set<std::string>> open_objects;
-  std::string duplicate;
+  std::string duplicate, entry, duplicate_entry;  // entry: the tensor whose object is being parsed
   size_t duplicate_depth = 0;
   auto on_event = [&](int, json::parse_event_t event, json& parsed) {
     if (event == json::parse_event_t::object_start) {
@@ -114,8 +114,10 @@ json parse_header(const char* text, size_t n, const std::string& file) {
       open_objects.pop_back();
     } else if (event == json::parse_event_t::key && !open_objects.empty()) {
       const auto& key = parsed.get_ref<const std::string&>();
+      if (open_objects.size() == 1) entry = key;
       if (!open_objects.back().insert(key).second && duplicate.empty()) {
         duplicate = key;
+        duplicate_entry = entry;
         duplicate_depth = open_objects.size();
       }
     }
@@ -130,7 +132,7 @@ json parse_header(const char* text, size_t n, const std::string& file) {
   if (!header.is_object()) fail("{}: header must be a JSON object, got {}", file, header.type_name());
   if (!duplicate.empty()) {
     if (duplicate_depth == 1) fail("{}: duplicate tensor name '{}' in header", file, duplicate);
-    fail("{}: duplicate key '{}' inside a header entry", file, duplicate);
+    fail("{}: tensor '{}': duplicate key '{}'", file, duplicate_entry, duplicate);
   }
   return header;
 }

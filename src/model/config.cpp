@@ -332,6 +332,7 @@ json ModelConfig::to_json() const {
 
 ModelConfig ModelConfig::load(const std::filesystem::path& path) {
   std::filesystem::path file = std::filesystem::is_directory(path) ? path / "config.json" : path;
+  if (!std::filesystem::exists(file)) fail("model config '{}' does not exist", file.string());
   std::ifstream in(file);
   if (!in) fail("cannot read model config '{}'", file.string());
   std::stringstream text;

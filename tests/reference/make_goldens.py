@@ -253,7 +253,7 @@ def main():
         GOLDEN = os.path.abspath(args.out)
         if not os.path.exists(os.path.join(GOLDEN, "tiny_config.json")):
             shutil.copy(src, GOLDEN)
-    torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
+    torch.set_num_threads(1)  # tiny ops: threads only add overhead
     if args.check:
         check_committed(args.tol)
         return

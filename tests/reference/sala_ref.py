@@ -244,7 +244,7 @@ def gla_recurrent(q, k, v, g, scale, S0):
     out = []
     for t in range(q.shape[0]):
         S = gamma * S + k[t][:, :, None] * v[t][:, None, :]        # S <- γS + k⊗v
-        out.append(scale * torch.einsum("ha,hab->hb", q[t], S))    # uses state incl. token t
+        out.append(scale * (q[t][:, :, None] * S).sum(dim=1))     # o[b] = s Σ_a q[a] S[a][b]
     o = torch.stack(out, 0) if out else q.new_zeros((0,) + tuple(v.shape[1:]))
     return o, S
 

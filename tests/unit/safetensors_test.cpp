@@ -345,6 +345,10 @@ TEST(SafetensorsFile, DuplicateTensorNames) {
                 "twice": {"dtype": "U8", "shape": [4], "data_offsets": [4, 8]}})",
             random_bytes(8, 1));
   expect_open_error(dir / "d.safetensors", {"duplicate", "'twice'"});
+
+  write_raw(dir / "k.safetensors", R"({"w.dup": {"dtype": "U8", "dtype": "I8", "shape": [4], "data_offsets": [0, 4]}})",
+            random_bytes(4, 1));
+  expect_open_error(dir / "k.safetensors", {"duplicate", "'w.dup'", "'dtype'"});
 }
 
 TEST(SafetensorsFile, MetadataMustBeStrings) {

@@ -318,7 +318,7 @@ void CpuBackend::sparse_attention(int layer, const Mat& q, const Mat& k, const M
             }
             float z = 0;
             for (int64_t c = 0; c < nv2; ++c) z += std::exp(k2s[size_t(c)] - m);
-            lse[size_t(g)] = 0;
+            lse[size_t(g)] = m + std::log(z);
           }
           // score[c] = Σ_g exp(s · q_g · K1[c] − Λ[g]), summed in g order.
           for (int64_t c = 0; c < ncol; ++c) {

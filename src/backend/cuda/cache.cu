@@ -1,0 +1,86 @@
+// Sparse-layer cache maintenance: append the call's k/v rows to their pages, then build the K1/K2
+// compressed keys completed by the call (spec §4.4: mean over the window in fp32, stored bf16).
+//
+// Speed of light: append moves 2 · N · kv_heads·d · 2 bytes (N = new tokens): 1 KiB per token per
+// layer for the 9B geometry — trivial. Compression reads ks (K1) or 4ks (K2) rows per new chunk:
+// per token on average 2 K1 rows + 2 K2 rows read (L2-resident, just written) — also trivial.
+// Both kernels are launch-latency bound in decode (~2-3 µs each).
+#include "backend/cuda/common.cuh"
+
+namespace sala::cuda {
+
+namespace {
+
+__global__ void append_bf16x8(uint4* kpool, uint4* vpool, const uint4* k, const uint4* v, int64_t ldk8, int64_t ldv8,
+                              const int64_t* row_dst, int64_t n_rows, int row8, int64_t layer_rows) {
+  const int64_t total = n_rows * row8;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / row8, e = idx % row8;
+    const int64_t dst = (layer_rows + row_dst[r]) * row8 + e;
+    kpool[dst] = k[r * ldk8 + e];
+    vpool[dst] = v[r * ldv8 + e];
+  }
+}
+
+__global__ void append_generic(bf16* kpool, bf16* vpool, const void* k, const void* v, int dt, int64_t ldk,
+                               int64_t ldv, const int64_t* row_dst, int64_t n_rows, int row, int64_t layer_rows) {
+  const int64_t total = n_rows * row;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / row, e = idx % row;
+    const int64_t dst = (layer_rows + row_dst[r]) * row + e;
+    kpool[dst] = __float2bfloat16_rn(ldf(k, dt, r * ldk + e));
+    vpool[dst] = __float2bfloat16_rn(ldf(v, dt, r * ldv + e));
+  }
+}
+
+// One CTA per job; threads over the row's kv_heads·d values.
+__global__ void compress_kernel(PoolGeom pool, int layer, const CompressJob* jobs, const SeqMeta* seqs,
+                                const int32_t* pages) {
+  const CompressJob job = jobs[blockIdx.x];
+  const SeqMeta s = seqs[job.seq];
+  const int row = pool.kvh * pool.d;
+  const bf16* kp = static_cast<const bf16*>(pool.k);
+  const int64_t layer_rows = int64_t(layer) * pool.max_pages * pool.bs;
+  const int pp = job.level == 1 ? pool.k1pp : pool.k2pp;
+  bf16* dst = static_cast<bf16*>(job.level == 1 ? pool.k1 : pool.k2) +
+              (int64_t(layer) * pool.max_pages * pp + job.dst_row) * row;
+  for (int e = threadIdx.x; e < row; e += blockDim.x) {
+    float sum = 0.f;
+    for (int j = job.first; j < job.first + job.window; ++j) {
+      const int64_t prow = layer_rows + int64_t(pages[s.page_off + j / pool.bs]) * pool.bs + j % pool.bs;
+      sum += __bfloat162float(kp[prow * row + e]);
+    }
+    dst[e] = __float2bfloat16_rn(sum / float(job.window));
+  }
+}
+
+}  // namespace
+
+void launch_append_kv(const PoolGeom& pool, int layer, const void* k, const void* v, Dt dt, int64_t ldk, int64_t ldv,
+                      const int64_t* row_dst, int64_t n_rows, cudaStream_t st) {
+  if (n_rows <= 0) return;
+  const int row = pool.kvh * pool.d;
+  const int64_t layer_rows = int64_t(layer) * pool.max_pages * pool.bs;
+  const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  if (dt == kBF16 && row % 8 == 0 && ldk % 8 == 0 && ldv % 8 == 0 && al(k) && al(v)) {
+    append_bf16x8<<<grid_for(n_rows * row / 8, 256), 256, 0, st>>>(
+        static_cast<uint4*>(pool.k), static_cast<uint4*>(pool.v), static_cast<const uint4*>(k),
+        static_cast<const uint4*>(v), ldk / 8, ldv / 8, row_dst, n_rows, row / 8, layer_rows);
+  } else {
+    append_generic<<<grid_for(n_rows * row, 256), 256, 0, st>>>(static_cast<bf16*>(pool.k), static_cast<bf16*>(pool.v),
+                                                                k, v, dt, ldk, ldv, row_dst, n_rows, row, layer_rows);
+  }
+  SALA_CUDA_LAUNCH("append_kv kernel");
+}
+
+void launch_compress(const PoolGeom& pool, int layer, const CompressJob* jobs, int n_jobs, const SeqMeta* seqs,
+                     const int32_t* pages, cudaStream_t st) {
+  if (n_jobs <= 0) return;
+  const int row = pool.kvh * pool.d;
+  compress_kernel<<<n_jobs, row < 256 ? ((row + 31) / 32) * 32 : 256, 0, st>>>(pool, layer, jobs, seqs, pages);
+  SALA_CUDA_LAUNCH("compress kernel");
+}
+
+}  // namespace sala::cuda
