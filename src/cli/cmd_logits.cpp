@@ -8,7 +8,7 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/npy.h"
-#include "engine/engine.h"
+#include "engine/replay.h"
 
 namespace sala::cli {
 namespace {
@@ -73,31 +73,7 @@ Runner setup(CLI::App& app) {
       for (int32_t id : s) SALA_CHECK(id < V, "--tokens: id {} is outside the vocabulary ({})", id, V);
 
     Engine engine(*m.model, {.max_sequences = int(seqs.size()), .max_context = longest});
-    std::vector<int> ids;
-    for (size_t i = 0; i < seqs.size(); ++i) ids.push_back(engine.open());
-    std::vector<std::vector<float>> logits(seqs.size());
-    // Every sequence advances in the same steps: prompt chunks first, then one token per step.
-    for (;;) {
-      std::vector<Engine::Request> reqs;
-      std::vector<size_t> owner;
-      for (size_t i = 0; i < seqs.size(); ++i) {
-        const int64_t done = engine.length(ids[i]), n = int64_t(seqs[i].size());
-        if (done == n) continue;
-        const int64_t prompt = o->prefill < 0 ? n : std::min(o->prefill, n);
-        int64_t take = 1;
-        int64_t regime = -1;
-        if (done < prompt) {
-          take = std::min(chunk_cap, prompt - done);
-          if (o->regime == "final") regime = prompt;
-        }
-        reqs.push_back({ids[i], std::span(seqs[i]).subspan(size_t(done), size_t(take)), regime, true});
-        owner.push_back(i);
-      }
-      if (reqs.empty()) break;
-      auto out = engine.step(reqs);
-      for (size_t r = 0; r < out.size(); ++r)
-        logits[owner[r]].insert(logits[owner[r]].end(), out[r].begin(), out[r].end());
-    }
+    auto logits = replay(engine, seqs, {o->prefill, o->chunk, o->regime == "final"});
     std::vector<float> all;
     for (auto& l : logits) all.insert(all.end(), l.begin(), l.end());
     write_npy(o->out, all, {total, V});

@@ -17,7 +17,6 @@ Model::Model(ModelConfig config, ModelWeights weights, Backend& backend, ModelLi
   const int64_t kv_w = std::max<int64_t>(int64_t(c.num_kv_heads) * c.head_dim,
                                          int64_t(c.lightning_kv_heads) * c.lightning_head_dim);
   const DType act = backend_.act_dtype();
-  const size_t es = dtype_size(act);
   // Layout of the one workspace buffer: each matrix at its own offset, 256-byte aligned.
   struct Slot { Mat* m; int64_t rows, cols; DType dt; };
   std::vector<Slot> slots = {
@@ -32,7 +31,6 @@ Model::Model(ModelConfig config, ModelWeights weights, Backend& backend, ModelLi
     offsets.push_back(total);
     total += (size_t(s.rows * s.cols) * dtype_size(s.dt) + 255) / 256 * 256;
   }
-  (void)es;
   ws_ = backend_.alloc(total);
   for (size_t i = 0; i < slots.size(); ++i)
     *slots[i].m = Mat{static_cast<uint8_t*>(ws_->data()) + offsets[i], slots[i].dt, slots[i].rows, slots[i].cols};
@@ -132,6 +130,15 @@ void Model::forward(const BatchInfo& batch, std::span<const int64_t> logit_rows,
   Mat h = h_.slice_rows(0, n), x = x_.slice_rows(0, n), mix = mix_.slice_rows(0, n);
   const float alpha = float(c.residual_scale());
   backend_.embed(weights_.embed, c.scale_emb, h);
+  auto trace = [&] {
+    if (!trace_rms_) return;
+    std::vector<float> host(size_t(h.rows * h.cols));
+    backend_.download(h, host.data());
+    double ss = 0;
+    for (float f : host) ss += double(f) * f;
+    trace_rms_->push_back(std::sqrt(ss / double(host.size())));
+  };
+  trace();
   for (int i = 0; i < n_layers; ++i) {
     const LayerWeights& w = weights_.layers[size_t(i)];
     backend_.rmsnorm(h, w.input_norm, c.rms_norm_eps, x);
@@ -148,6 +155,7 @@ void Model::forward(const BatchInfo& batch, std::span<const int64_t> logit_rows,
     backend_.silu_mul(g, u, a);
     backend_.matmul(a, w.down, mix);
     backend_.add_scaled(h, mix, alpha);
+    trace();
   }
   if (logit_rows.empty()) return;
 

@@ -33,6 +33,10 @@ class Model {
   void forward(const BatchInfo& batch, std::span<const int64_t> logit_rows, std::span<float> logits,
                int n_layers = -1);
 
+  // Debugging/tests: when set, forward() appends the RMS of the residual stream after the
+  // embedding and after every layer (a download per layer; never set in serving).
+  void trace_layer_rms(std::vector<double>* out) { trace_rms_ = out; }
+
  private:
   void lightning_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out, int64_t n);
   void sparse_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out, int64_t n);
@@ -41,6 +45,7 @@ class Model {
   ModelWeights weights_;
   Backend& backend_;
   ModelLimits limits_;
+  std::vector<double>* trace_rms_ = nullptr;
   // Workspace, sized at construction for max_batch_tokens rows.
   std::unique_ptr<Buffer> ws_;
   Mat h_, x_, q_, k_, v_, z_, attn_, mix_, gate_, up_, act_, logits_in_, logits_out_;

@@ -37,16 +37,6 @@ constexpr const char* kEnglish =
     "came, come, work, three, word, must, because, does, part, even, place, well, such, here, "
     "take, why, things, help, put, years, different, away, again, off, went, old, number.";
 
-std::vector<std::string> split_chars(const std::string& s) {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < s.size();) {
-    size_t n = (uint8_t(s[i]) < 0x80) ? 1 : (uint8_t(s[i]) < 0xE0) ? 2 : (uint8_t(s[i]) < 0xF0) ? 3 : 4;
-    out.push_back(s.substr(i, n));
-    i += n;
-  }
-  return out;
-}
-
 // Training words: normalized text ("▁" + spaces as "▁"), cut in front of each "▁", as symbols.
 std::map<std::vector<std::string>, int> training_words() {
   std::string text = kEnglish;
@@ -92,7 +82,7 @@ nlohmann::json make_tiny_tokenizer_json(int vocab_size) {
   std::set<std::string> known(pieces.begin(), pieces.end());
 
   // Merges: repeatedly join the most frequent adjacent pair (ties: smallest pair), as long as it
-  // occurs at least twice and both halves are pieces.
+  // occurs and both halves are pieces (until every training word is one piece).
   nlohmann::json merges = nlohmann::json::array();
   auto words = training_words();
   while (int(pieces.size()) < vocab_size) {
@@ -101,7 +91,7 @@ nlohmann::json make_tiny_tokenizer_json(int vocab_size) {
       for (size_t i = 0; i + 1 < w.size(); ++i)
         if (known.count(w[i]) && known.count(w[i + 1])) counts[{w[i], w[i + 1]}] += n;
     const std::pair<std::string, std::string>* best = nullptr;
-    int best_n = 1;
+    int best_n = 0;
     for (const auto& [pair, n] : counts)
       if (n > best_n) best = &pair, best_n = n;
     if (!best) break;

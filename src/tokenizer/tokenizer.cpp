@@ -64,7 +64,7 @@ std::string read_file(const std::filesystem::path& path) {
 
 Tokenizer Tokenizer::load(const std::filesystem::path& path, const Options& options) {
   std::filesystem::path file = path;
-  if (std::filesystem::is_directory(path)) file = path / "tokenizer.json";
+  if (std::filesystem::is_directory(path) || path.extension() != ".json") file = path / "tokenizer.json";
   if (!std::filesystem::is_regular_file(file))
     fail("tokenizer: {} not found (expected a model directory holding tokenizer.json, or the file itself)", file.string());
   nlohmann::json j;

@@ -196,7 +196,7 @@ def alibi_slopes(n):
     """ALiBi slope recipe (§3.5), in double, including the non-power-of-two interleave rule."""
     def pow2(m):
         start = 2.0 ** (-(2.0 ** -(math.log2(m) - 3)))
-        return [start ** (i + 1) for i in range(m)]
+        return [start * start ** i for i in range(m)]     # start * ratio**i, ratio = start
     if math.log2(n).is_integer():
         return pow2(n)
     m = 2 ** int(math.floor(math.log2(n)))
@@ -331,10 +331,15 @@ def pool_blocks(score, qb, NB, cfg):
     return B
 
 
-def select_blocks(B, qb, K):
-    """Deterministic top-k (§4.7): past blocks k <= qb sorted by (score desc, index asc), the
-    first K are taken. Future blocks are never selected."""
-    order = sorted(range(min(qb + 1, len(B))), key=lambda k: (-B[k], k))
+def select_blocks(B, qb, K, cfg):
+    """Deterministic top-k (§4.7): past blocks k <= qb sorted by (forced first, score desc,
+    index asc), the first K are taken. Future blocks are never selected.
+
+    "Forced first" only matters when a non-forced block also scores +inf, i.e. when no K2 chunk
+    is visible yet (§4.5 edge case) and the geometry leaves non-forced past blocks at such
+    positions (never for the released config); it keeps the local window selected."""
+    order = sorted(range(min(qb + 1, len(B))),
+                   key=lambda k: (not is_forced(k, qb, cfg), -B[k], k))
     return sorted(order[:K])
 
 
@@ -570,7 +575,7 @@ class Model(object):
                 if sparse:
                     sc = stage1_scores(qg, state.K1[i][:, hk], state.K2[i][:, hk], p, c, s)
                     B = pool_blocks(sc, qb, NB, c)
-                    sel = select_blocks(B, qb, Kb)
+                    sel = select_blocks(B, qb, Kb, c)
                     keys = [j for blk in sel
                             for j in range(blk * c.block_size, min((blk + 1) * c.block_size, p + 1))]
                 else:
@@ -653,8 +658,12 @@ class Model(object):
         blk = torch.arange(NB)[None, :]
         forced = (blk < c.init_blocks) | ((blk >= qb - c.local_blocks) & (blk <= qb))
         B = torch.where(forced[:, None, :], torch.full_like(B, POS_INF), B)
-        # Top-k over past blocks, ties by lower index: stable descending sort.
+        # Top-k over past blocks by (forced first, score desc, index asc): two stable sorts,
+        # the secondary key (score) first, then the primary (forced).
         order = torch.sort(B, dim=-1, descending=True, stable=True)[1]               # [T,Hs,NB]
+        forced_sorted = torch.gather(forced[:, None, :].expand_as(B), 2, order)
+        order = torch.gather(order, 2, torch.sort(forced_sorted.long(), dim=-1, descending=True,
+                                                  stable=True)[1])
         past_sorted = order <= qb[:, :, None]
         rank = torch.cumsum(past_sorted.long(), dim=-1)
         take = past_sorted & (rank <= c.budget(T))

@@ -185,7 +185,7 @@ class TestSpecVectors(unittest.TestCase):
                 B[k] = float("inf")
             elif k <= qb:
                 B[k] = float(k % 7)          # ties: lower index wins
-        sel = sala_ref.select_blocks(B, qb, c.budget(10000))
+        sel = sala_ref.select_blocks(B, qb, c.budget(10000), c)
         self.assertEqual(len(sel), 96)
         self.assertTrue(all(k <= qb for k in sel))
         self.assertTrue(set(range(95, 128)) | {0} <= set(sel))
@@ -194,8 +194,16 @@ class TestSpecVectors(unittest.TestCase):
         self.assertEqual(free, want)
         # qb <= 95: every past block fits the budget of 96
         for qb in (0, 33, 60, 95):
-            self.assertEqual(sala_ref.select_blocks([1.0] * 200, qb, 96), list(range(qb + 1)))
-        self.assertEqual(len(sala_ref.select_blocks([1.0] * 200, 96, 96)), 96)
+            self.assertEqual(sala_ref.select_blocks([1.0] * 200, qb, 96, c), list(range(qb + 1)))
+        self.assertEqual(len(sala_ref.select_blocks([1.0] * 200, 96, 96, c)), 96)
+        # +inf stage-1 scores (no K2 visible) tie with forced blocks: forced ones rank first
+        cc = sala_ref.Config({"mixer_types": ["minicpm4"], "num_hidden_layers": 1,
+                              "sparse_config": {"block_size": 16, "window_size": 8, "topk": 2,
+                                                "init_blocks": 0}})          # W = 0, K = 2
+        inf = float("inf")
+        self.assertEqual(sala_ref.select_blocks([inf] * 6, 5, 2, cc), [0, 5])
+        self.assertEqual(sala_ref.select_blocks([inf, 1.0, 3.0, inf, 2.0, inf], 5, 3, cc),
+                         [0, 3, 5])
 
     def test_stage1_toy_8_9(self):
         class Stub(object):  # 2 visible K1 of 3 columns, 2 visible K2 chunks
@@ -419,7 +427,7 @@ class TestModel(unittest.TestCase):
                 sc = sala_ref.stage1_scores(qh[0, hk * G:(hk + 1) * G], st.K1[0][:c.n1(T), hk],
                                             st.K2[0][:c.n2(T), hk], p, c, 1 / math.sqrt(c.head_dim))
                 B = sala_ref.pool_blocks(sc, qb, c.num_blocks(T), c)
-                sel = sala_ref.select_blocks(B, qb, c.budget(T))
+                sel = sala_ref.select_blocks(B, qb, c.budget(T), c)
                 free = [k for k in sel if not sala_ref.is_forced(k, qb, c)]
                 recent = [k for k in range(qb + 1) if not sala_ref.is_forced(k, qb, c)][-len(free):]
                 nontrivial += free != recent

@@ -11,7 +11,7 @@ using namespace sala;
 TEST(ThreadPool, CoversEveryIndexExactlyOnce) {
   ThreadPool pool(4);
   for (int64_t n : {1, 3, 4, 17, 1000}) {
-    std::vector<std::atomic<int>> hits(size_t(n));
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
     pool.parallel_for(n, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
     });

@@ -37,7 +37,7 @@ struct BlockGeometry {
   // (before clipping to the existing columns; first > last never happens for k ≥ 0).
   std::pair<int64_t, int64_t> pool_range(int64_t k) const {
     const int64_t lo = k * block_size - kernel_size;  // need c·st > lo
-    const int64_t first = lo < 0 ? 0 : lo / kernel_stride;
+    const int64_t first = lo < 0 ? 0 : lo / kernel_stride + 1;
     const int64_t last = ((k + 1) * block_size - 1) / kernel_stride;
     return {first, last};
   }

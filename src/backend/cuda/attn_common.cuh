@@ -26,6 +26,22 @@ __device__ __forceinline__ void load_rows_async(uint32_t tile, int lane, int nva
   }
 }
 
+// Issues the asynchronous copy of a 32-row tile: lane l supplies, in `myrow`, the element offset
+// (from `base`) of row l, or -1 for a row to zero-fill. One page lookup per lane and tile; the
+// row offsets are shuffled to the lanes that copy each row's 16-byte pieces.
+template <int D>
+__device__ __forceinline__ void issue_rows(uint32_t tile, int lane, int64_t myrow, const bf16* base) {
+  constexpr int CPR = D / 8;
+#pragma unroll
+  for (int i = 0; i < CPR; ++i) {
+    const int idx = lane + 32 * i;
+    const int r = idx / CPR, c = idx % CPR;
+    const int64_t src = __shfl_sync(0xffffffffu, myrow, r);
+    const bool ok = src >= 0;
+    cp_async16(tile + RowSwizzle<D>::offset(r, c), ok ? base + src + c * 8 : base, ok ? 16 : 0);
+  }
+}
+
 // A-fragment pair (row offset off, columns c, c+1) of q; off < 0 is a padding row (zeros).
 __device__ __forceinline__ uint32_t q_pair(const void* q, int dt, int64_t off, int c) {
   if (off < 0) return 0u;

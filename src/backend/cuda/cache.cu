@@ -35,24 +35,52 @@ __global__ void append_generic(bf16* kpool, bf16* vpool, const void* k, const vo
   }
 }
 
-// One CTA per job; threads over the row's kv_heads·d values.
-__global__ void compress_kernel(PoolGeom pool, int layer, const CompressJob* jobs, const SeqMeta* seqs,
-                                const int32_t* pages) {
+// One CTA (256 threads) per job. The row's kv_heads·d values are 16-byte groups; the threads are
+// (token lane, group) pairs, each token lane summing every TL-th token of the window with all its
+// loads independent, then the token lanes are added in a fixed order (deterministic).
+constexpr int kCompressThreads = 256;
+
+__global__ void __launch_bounds__(kCompressThreads) compress_kernel(PoolGeom pool, int layer, const CompressJob* jobs,
+                                                                    const SeqMeta* seqs, const int32_t* pages) {
+  __shared__ float part[kCompressThreads * 8];
   const CompressJob job = jobs[blockIdx.x];
   const SeqMeta s = seqs[job.seq];
   const int row = pool.kvh * pool.d;
+  const int groups = row / 8;
+  const int TL = groups >= kCompressThreads ? 1 : kCompressThreads / groups;
+  const int tid = threadIdx.x;
+  const int tl = tid / groups, grp = tid % groups;  // (for groups ≥ 256: tl = 0 and a group loop)
   const bf16* kp = static_cast<const bf16*>(pool.k);
   const int64_t layer_rows = int64_t(layer) * pool.max_pages * pool.bs;
   const int pp = job.level == 1 ? pool.k1pp : pool.k2pp;
   bf16* dst = static_cast<bf16*>(job.level == 1 ? pool.k1 : pool.k2) +
               (int64_t(layer) * pool.max_pages * pp + job.dst_row) * row;
-  for (int e = threadIdx.x; e < row; e += blockDim.x) {
-    float sum = 0.f;
-    for (int j = job.first; j < job.first + job.window; ++j) {
-      const int64_t prow = layer_rows + int64_t(pages[s.page_off + j / pool.bs]) * pool.bs + j % pool.bs;
-      sum += __bfloat162float(kp[prow * row + e]);
+  for (int g0 = 0; g0 < groups; g0 += kCompressThreads) {
+    const int gg = TL == 1 ? g0 + tid : grp;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (tl < TL && gg < groups) {
+#pragma unroll 4
+      for (int j = job.first + tl; j < job.first + job.window; j += TL) {
+        const int64_t prow = layer_rows + int64_t(pages[s.page_off + j / pool.bs]) * pool.bs + j % pool.bs;
+        float f[8];
+        unpack8(*reinterpret_cast<const uint4*>(kp + prow * row + gg * 8), f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] += f[e];
+      }
     }
-    dst[e] = __float2bfloat16_rn(sum / float(job.window));
+    __syncthreads();
+#pragma unroll
+    for (int e = 0; e < 8; ++e) part[tid * 8 + e] = acc[e];
+    __syncthreads();
+    // Thread (group, element) adds the token lanes in order.
+    for (int idx = tid; idx < (TL == 1 ? kCompressThreads : groups) * 8; idx += kCompressThreads) {
+      const int g = idx / 8, e = idx % 8;
+      const int og = TL == 1 ? g0 + g : g;
+      if (og >= groups) continue;
+      float sum = 0.f;
+      for (int t = 0; t < TL; ++t) sum += part[(TL == 1 ? g : t * groups + g) * 8 + e];
+      dst[og * 8 + e] = __float2bfloat16_rn(sum / float(job.window));
+    }
   }
 }
 
@@ -78,8 +106,8 @@ void launch_append_kv(const PoolGeom& pool, int layer, const void* k, const void
 void launch_compress(const PoolGeom& pool, int layer, const CompressJob* jobs, int n_jobs, const SeqMeta* seqs,
                      const int32_t* pages, cudaStream_t st) {
   if (n_jobs <= 0) return;
-  const int row = pool.kvh * pool.d;
-  compress_kernel<<<n_jobs, row < 256 ? ((row + 31) / 32) * 32 : 256, 0, st>>>(pool, layer, jobs, seqs, pages);
+  SALA_CUDA_REQUIRE((pool.kvh * pool.d) % 8 == 0, "compress: kv_heads·head_dim must be a multiple of 8");
+  compress_kernel<<<n_jobs, kCompressThreads, 0, st>>>(pool, layer, jobs, seqs, pages);
   SALA_CUDA_LAUNCH("compress kernel");
 }
 

@@ -67,12 +67,21 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 }
 
 // ---- tensor-core and async-copy primitives (sm_80+) ----
+// Builds for older targets (e.g. a default CMAKE_CUDA_ARCHITECTURES of 75) still compile; the
+// backend refuses devices below sm_80 at construction, and these trap if ever reached there.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define SALA_PRE_SM80 1
+#endif
 __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+#ifdef SALA_PRE_SM80
+  __trap();
+#else
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -80,28 +89,73 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 }
 
 __device__ __forceinline__ void ldsm_x2(uint32_t& r0, uint32_t& r1, uint32_t addr) {
+#ifdef SALA_PRE_SM80
+  __trap();
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
+#endif
 }
 __device__ __forceinline__ void ldsm_x2_t(uint32_t& r0, uint32_t& r1, uint32_t addr) {
+#ifdef SALA_PRE_SM80
+  __trap();
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
+#endif
 }
 __device__ __forceinline__ void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, uint32_t addr) {
+#ifdef SALA_PRE_SM80
+  __trap();
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(addr));
+#endif
 }
 __device__ __forceinline__ void ldsm_x4_t(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, uint32_t addr) {
+#ifdef SALA_PRE_SM80
+  __trap();
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(addr));
+#endif
 }
 
 // 16-byte global -> shared copy; src_bytes = 0 fills the destination with zeros.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+#ifdef SALA_PRE_SM80
+  __trap();
+#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+#endif
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+#ifndef SALA_PRE_SM80
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+#ifndef SALA_PRE_SM80
+  asm volatile("cp.async.wait_group 0;\n" ::);
+#endif
+}
+// Waits until at most N committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#ifndef SALA_PRE_SM80
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+// Warp-wide integer sum (redux.sync on sm_80+).
+__device__ __forceinline__ int warp_sum_int(int v) {
+#ifdef SALA_PRE_SM80
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+#else
+  return __reduce_add_sync(0xffffffffu, v);
+#endif
+}
 
 // Number of 16-byte chunks in a row of D bf16 values, and the XOR swizzle mask that spreads the
 // 8 rows of an ldmatrix over distinct bank groups (rows of ≥ 128 bytes; narrower rows conflict

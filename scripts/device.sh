@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# The one script for the GPU machine. Run from the repository root:
+#   scripts/device.sh            (OUT=dir for logs and JSON; default ./out)
+# Configures (Release, Ninja, CUDA arch 90, vendored headers from .carry/include when present),
+# builds, runs the CUDA parity tests (sala_cuda_tests), the kernel benchmarks, then — when they
+# exist — the end-to-end GPU checks (tests/cuda/e2e_*.sh, run with $SALA and $SALA_ROOT set) and
+# `sala bench` (arguments from $SALA_BENCH_ARGS). Missing optional steps are skipped with a message.
+# A short summary table is printed last. Steps can be chosen with
+#   SALA_DEVICE_STEPS="build test bench e2e sala-bench"   (default: all)
+# Exit status: non-zero if the build or any run step failed.
+set -uo pipefail
+ROOT=$(pwd)
+OUT=${OUT:-$ROOT/out}
+mkdir -p "$OUT"
+BUILD=${BUILD:-$ROOT/build-device}
+ARCH=${SALA_CUDA_ARCH:-90}
+STEPS=${SALA_DEVICE_STEPS:-build test bench e2e sala-bench}
+JOBS=$(nproc 2>/dev/null || echo 8)
+declare -a SUMMARY=()
+FAILED=0
+
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+note() { SUMMARY+=("$(printf '%-12s %-8s %6s  %s' "$1" "$2" "$3" "$4")"); }
+
+# run NAME LOG CMD... : runs CMD with output to LOG (and the terminal), records status and time.
+run() {
+  local name=$1 log=$2
+  shift 2
+  local t0=$SECONDS
+  echo "=== $name: $*" | tee -a "$log"
+  "$@" 2>&1 | tee -a "$log"
+  local rc=${PIPESTATUS[0]}
+  local dt=$((SECONDS - t0))
+  LAST_RC=$rc
+  LAST_DT=$dt
+  return $rc
+}
+
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "host: $(hostname)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null ||
+    echo "nvidia-smi: not available"
+  nvcc --version 2>/dev/null | tail -1
+  echo "git: $(git rev-parse --short HEAD 2>/dev/null) $(git status --porcelain 2>/dev/null | wc -l) changed files"
+} | tee "$OUT/summary.txt"
+
+# ---- configure + build ----
+if want build; then
+  VENDOR_ARGS=()
+  [ -d "$ROOT/.carry/include" ] && VENDOR_ARGS=(-DSALA_VENDOR_INCLUDE="$ROOT/.carry/include")
+  if run configure "$OUT/build.log" cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSALA_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${VENDOR_ARGS[@]}"; then
+    note configure ok "$LAST_DT" "arch $ARCH"
+    run build "$OUT/build.log" ninja -C "$BUILD" -j "$JOBS" sala_cuda_tests
+    if [ "$LAST_RC" -eq 0 ]; then
+      note build ok "$LAST_DT" "sala_cuda_tests"
+      # The CLI is optional for the kernel checks: a failure here is reported, not fatal.
+      if run build-sala "$OUT/build.log" ninja -C "$BUILD" -j "$JOBS" sala; then
+        note build-sala ok "$LAST_DT" "sala"
+      else
+        note build-sala FAIL "$LAST_DT" "see build.log"
+        FAILED=1
+      fi
+    else
+      note build FAIL "$LAST_DT" "see build.log"
+      FAILED=1
+    fi
+  else
+    note configure FAIL "$LAST_DT" "see build.log"
+    FAILED=1
+  fi
+fi
+
+TESTS="$BUILD/tests/cuda/sala_cuda_tests"
+SALA="$BUILD/sala"
+
+# ---- CUDA parity tests ----
+if want test; then
+  if [ -x "$TESTS" ]; then
+    run test "$OUT/cuda_tests.log" timeout 400 "$TESTS"
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$OUT/cuda_tests.log" | tail -1)
+    if [ "$LAST_RC" -eq 0 ]; then note test ok "$LAST_DT" "$line"; else note test FAIL "$LAST_DT" "${line:-rc $LAST_RC}"; FAILED=1; fi
+  else
+    note test skipped 0 "no $TESTS"
+  fi
+fi
+
+# ---- kernel benchmarks ----
+if want bench; then
+  if [ -x "$TESTS" ]; then
+    run bench "$OUT/bench.log" timeout 300 "$TESTS" --bench --json "$OUT/bench.json"
+    if [ "$LAST_RC" -eq 0 ]; then note bench ok "$LAST_DT" "bench.json"; else note bench FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
+  else
+    note bench skipped 0 "no $TESTS"
+  fi
+fi
+
+# ---- end-to-end GPU checks (added by the model/engine owners) ----
+if want e2e; then
+  shopt -s nullglob
+  e2e=("$ROOT"/tests/cuda/e2e_*.sh)
+  shopt -u nullglob
+  if [ ${#e2e[@]} -eq 0 ]; then
+    echo "e2e: no tests/cuda/e2e_*.sh yet — skipped"
+    note e2e skipped 0 "no tests/cuda/e2e_*.sh"
+  elif [ ! -x "$SALA" ]; then
+    note e2e skipped 0 "no sala binary"
+  else
+    for s in "${e2e[@]}"; do
+      n=$(basename "$s" .sh)
+      SALA="$SALA" SALA_ROOT="$ROOT" OUT="$OUT" run "$n" "$OUT/e2e.log" timeout 300 bash "$s"
+      if [ "$LAST_RC" -eq 0 ]; then note "$n" ok "$LAST_DT" ""; else note "$n" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
+    done
+  fi
+fi
+
+# ---- sala bench ----
+if want sala-bench; then
+  if [ -x "$SALA" ] && "$SALA" --help 2>&1 | grep -qE '^[[:space:]]+bench([[:space:]]|$)'; then
+    # shellcheck disable=SC2086
+    run sala-bench "$OUT/sala_bench.log" timeout 300 "$SALA" bench ${SALA_BENCH_ARGS:---backend cuda}
+    if [ "$LAST_RC" -eq 0 ]; then note sala-bench ok "$LAST_DT" "sala_bench.log"; else note sala-bench FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
+  else
+    echo "sala-bench: no 'sala bench' command yet — skipped"
+    note sala-bench skipped 0 "no 'sala bench' command"
+  fi
+fi
+
+# ---- summary (last) ----
+{
+  echo
+  if [ -f "$OUT/bench.log" ]; then
+    echo "--- kernel benchmarks (bench.log) ---"
+    grep -E 'us .*GB/s' "$OUT/bench.log" | sed 's/^/  /'
+  fi
+  if [ -f "$OUT/cuda_tests.log" ]; then
+    fails=$(grep -c '^\[FAIL\]' "$OUT/cuda_tests.log")
+    if [ "$fails" -gt 0 ]; then
+      echo "--- failed checks ---"
+      grep '^\[FAIL\]' "$OUT/cuda_tests.log" | head -30 | sed 's/^/  /'
+    fi
+  fi
+  echo "--- summary ---"
+  printf '%-12s %-8s %6s  %s\n' step status secs detail
+  for l in "${SUMMARY[@]}"; do echo "$l"; done
+} | tee -a "$OUT/summary.txt"
+exit $FAILED

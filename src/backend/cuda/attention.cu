@@ -1,0 +1,275 @@
+// Sparse-layer attention (spec §4.3 dense causal GQA, §4.8 InfLLM-v2 stage 2) over the paged bf16
+// K/V cache, flash-attention style: fp32 online softmax (log2 domain), bf16 tensor-core products.
+//
+// Work: one CTA (4 warps) per item = 16 query rows (G heads × tokens of one KV head, so the
+// group's heads share every K/V load) × one split of the item's key chunks. Each warp streams its
+// share of 32-key tiles through its own shared-memory slice; the 4 warps merge in shared memory;
+// split items (decode) write unnormalised partials merged by attn_combine.
+// Speed of light:
+//   decode, dense, context T, 9B geometry: K+V bytes 2·T·kv_heads·d·2 = 1 KiB per token per layer
+//   (T = 32K: 32 MiB → 10 µs at 3.35 TB/s); FLOPs 4·T·H·d = 16 KFLOP/token — bandwidth bound.
+//   decode, sparse: ≤ 96 blocks × 64 keys per KV head: ≤ 6 MiB per layer → ~2 µs.
+//   prefill, dense, L tokens: FLOPs 2·L²·H·d (causal) = 0.55 TFLOP per layer at L = 8K → tensor
+//   cores (mma.sync, ~60% of the 990 TFLOP/s dense peak at best); K/V tiles are re-read per
+//   16-row item from L2 (no CTA-level sharing yet).
+#include <cmath>
+
+#include "backend/cuda/attn_common.cuh"
+
+namespace sala::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+
+constexpr int kMaxSplit = 64;  // the host never splits a unit further
+
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32, 1) attention_kernel(SparseArgs a) {
+  extern __shared__ float4 smem4[];
+  __shared__ float s_m[kWarps][16], s_l[kWarps][16];
+  constexpr uint32_t kTile = 32 * D * 2;  // bytes of one 32-row bf16 tile
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const AttnItem it = a.items[blockIdx.x];
+  const SeqMeta s = a.seqs[it.seq];
+  const int32_t* pages = a.pages + s.page_off;
+  const PoolGeom& g = a.pool;
+  const int row_w = g.kvh * D;
+  // Per warp: K0 V0 K1 V1 (double buffer).
+  char* my_smem = reinterpret_cast<char*>(smem4) + size_t(warp) * 4 * kTile;
+  const uint32_t sbase = smem_addr(my_smem);
+  const bf16* kpool = static_cast<const bf16*>(g.k);
+  const bf16* vpool = static_cast<const bf16*>(g.v);
+  const int64_t layer_rows = int64_t(a.layer) * g.max_pages * g.bs;
+  const int gq = lane / 4, t4 = lane % 4;
+
+  // Rows: r → token r / nheads, head head0 + r % nheads (valid while token < ntok).
+  const int p0 = s.cached + (it.row0 - s.start);  // position of the item's first token
+  int prow[2];
+  int64_t qoff[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int r = gq + 8 * hr;
+    const int tok = r / it.nheads, hh = r % it.nheads;
+    const bool ok = tok < it.ntok;
+    prow[hr] = ok ? p0 + tok : -1;
+    qoff[hr] = ok ? int64_t(it.row0 + tok) * a.ldq + int64_t(it.head0 + hh) * D : -1;
+  }
+  uint32_t qf[D / 16][4];
+  load_q_frags<D>(qf, a.q, a.dtq, qoff[0], qoff[1], lane);
+
+  // This warp's chunks, and its tiles of ≤ 32 keys (a sparse block of bs keys is ⌈bs/32⌉ tiles).
+  const int cps = (it.nchunks + it.nsplit - 1) / it.nsplit;
+  const int cb = it.split * cps, ce = min(cb + cps, it.nchunks);
+  const int wc = (max(ce - cb, 0) + kWarps - 1) / kWarps;
+  const int wb = cb + warp * wc, we = min(wb + wc, ce);
+  const int pend = p0 + it.ntok;  // keys < pend can be seen by some row
+  const int32_t* sel = it.sparse ? a.sel + (int64_t(it.sel_item) * g.kvh + it.kvh) * a.kmax : nullptr;
+  const int tpb = it.sparse ? (g.bs + 31) / 32 : 1;
+  const int ntiles = max(we - wb, 0) * tpb;
+  auto tile_range = [&](int idx, int& k0, int& kend) {
+    if (it.sparse) {
+      const int b = sel[wb + idx / tpb];
+      k0 = b * g.bs + 32 * (idx % tpb);
+      kend = min(b * g.bs + g.bs, pend);
+    } else {
+      k0 = 32 * (wb + idx);
+      kend = min(k0 + 32, pend);
+    }
+  };
+  // Element offset of this lane's key row in tile idx (-1: none).
+  auto lookup = [&](int idx) -> int64_t {
+    if (idx >= ntiles) return -1;
+    int k0, kend;
+    tile_range(idx, k0, kend);
+    const int j = k0 + lane;
+    if (j >= kend) return -1;
+    return (layer_rows + int64_t(pages[j / g.bs]) * g.bs + j % g.bs) * row_w + int64_t(it.kvh) * D;
+  };
+  auto issue = [&](int buf, int64_t row) {
+    issue_rows<D>(sbase + buf * 2 * kTile, lane, row, kpool);
+    issue_rows<D>(sbase + buf * 2 * kTile + kTile, lane, row, vpool);
+    cp_async_commit();
+  };
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[D / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+  const float sl2 = a.scale * kLog2e;
+
+  // Pipeline: tile t+1 is in flight while tile t is computed; page lookups run one tile ahead
+  // of the copies.
+  if (ntiles > 0) issue(0, lookup(0));
+  int64_t pre = lookup(1);
+  for (int t = 0; t < ntiles; ++t) {
+    if (t + 1 < ntiles) {
+      issue((t + 1) & 1, pre);
+      pre = lookup(t + 2);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncwarp();
+    int k0, kend;
+    tile_range(t, k0, kend);
+    if (k0 < kend) {
+      const uint32_t ktile = sbase + (t & 1) * 2 * kTile, vtile = ktile + kTile;
+      float sc[4][4];
+      qk_tile<D>(sc, qf, ktile, lane);
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = k0 + 8 * nt + 2 * t4 + e;
+            const float x = (j < kend && j <= prow[hr]) ? sc[nt][2 * hr + e] * sl2 : -INFINITY;
+            sc[nt][2 * hr + e] = x;
+            mx = fmaxf(mx, x);
+          }
+        mx = quad_max(mx);
+        const float mn = fmaxf(m[hr], mx);
+        const float mu = mn == -INFINITY ? 0.f : mn;
+        const float alpha = exp2f(m[hr] - mu);
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = exp2f(sc[nt][2 * hr + e] - mu);
+            sc[nt][2 * hr + e] = p;
+            sum += p;
+          }
+        l[hr] = l[hr] * alpha + sum;
+        m[hr] = mn;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; ++nd) {
+          o[nd][2 * hr] *= alpha;
+          o[nd][2 * hr + 1] *= alpha;
+        }
+      }
+      pv_tile<D>(o, sc, vtile, lane);
+    }
+    __syncwarp();
+  }
+  l[0] = quad_sum(l[0]);
+  l[1] = quad_sum(l[1]);
+
+  // Merge the 4 warps: each writes (m, l, o) of its 16 rows to its own shared slice.
+  float* so = reinterpret_cast<float*>(my_smem);  // [16][D]
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      so[(gq + 8 * hr) * D + 8 * nd + 2 * t4] = o[nd][2 * hr];
+      so[(gq + 8 * hr) * D + 8 * nd + 2 * t4 + 1] = o[nd][2 * hr + 1];
+    }
+  if (t4 == 0) {
+    s_m[warp][gq] = m[0], s_l[warp][gq] = l[0];
+    s_m[warp][gq + 8] = m[1], s_l[warp][gq + 8] = l[1];
+  }
+  __syncthreads();
+  const float* all = reinterpret_cast<const float*>(smem4);
+  constexpr size_t wstride = 4 * kTile / 4;  // floats per warp slice
+  for (int idx = threadIdx.x; idx < 16 * D; idx += kWarps * 32) {
+    const int r = idx / D, dc = idx % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s_m[w][r]);
+    float L = 0.f, O = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = exp2f(s_m[w][r] - M);
+        L += s_l[w][r] * f;
+        O += all[w * wstride + r * D + dc] * f;
+      }
+    }
+    if (it.nsplit == 1) {
+      const int tok = r / it.nheads, hh = r % it.nheads;
+      if (tok < it.ntok)
+        stf(a.out, a.dto, int64_t(it.row0 + tok) * a.ldo + int64_t(it.head0 + hh) * D + dc, O / L);
+    } else {
+      const int64_t slot = it.part + it.split;
+      a.partial[(slot * 16 + r) * D + dc] = O;
+      if (dc == 0) {
+        a.partial_ml[(slot * 16 + r) * 2] = M;
+        a.partial_ml[(slot * 16 + r) * 2 + 1] = L;
+      }
+    }
+  }
+}
+
+// Merges the splits of one (unit, row): grid (units with splits, 16 rows), D threads.
+template <int D>
+__global__ void __launch_bounds__(D < 32 ? 32 : D) combine_kernel(SparseArgs a) {
+  __shared__ float w[kMaxSplit];
+  __shared__ float red[32];
+  const AttnItem it = a.items[a.combine_items[blockIdx.x]];
+  const int r = blockIdx.y;
+  const int tok = r / it.nheads, hh = r % it.nheads;
+  if (tok >= it.ntok) return;
+  const int tid = threadIdx.x, nt = blockDim.x, ns = it.nsplit;
+  const int64_t part = it.part;
+  float m = -INFINITY;
+  for (int sp = tid; sp < ns; sp += nt) m = fmaxf(m, a.partial_ml[((part + sp) * 16 + r) * 2]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (tid % 32 == 0) red[tid / 32] = m;
+  __syncthreads();
+  float M = -INFINITY;
+  for (int i = 0; i < (nt + 31) / 32; ++i) M = fmaxf(M, red[i]);
+  __syncthreads();
+  float lsum = 0.f;
+  for (int sp = tid; sp < ns; sp += nt) {
+    const float ms = a.partial_ml[((part + sp) * 16 + r) * 2];
+    const float f = ms == -INFINITY ? 0.f : exp2f(ms - M);
+    w[sp] = f;
+    lsum += f * a.partial_ml[((part + sp) * 16 + r) * 2 + 1];
+  }
+  lsum = warp_sum(lsum);
+  if (tid % 32 == 0) red[tid / 32] = lsum;
+  __syncthreads();
+  float L = 0.f;
+  for (int i = 0; i < (nt + 31) / 32; ++i) L += red[i];
+  for (int dc = tid; dc < D; dc += nt) {
+    float O = 0.f;
+    const float* src = a.partial + (part * 16 + r) * D + dc;
+#pragma unroll 8
+    for (int sp = 0; sp < ns; ++sp) O += src[int64_t(sp) * 16 * D] * w[sp];
+    stf(a.out, a.dto, int64_t(it.row0 + tok) * a.ldo + int64_t(it.head0 + hh) * D + dc, O / L);
+  }
+}
+
+template <int D>
+void attention_d(const SparseArgs& a, cudaStream_t st) {
+  constexpr size_t smem = size_t(kWarps) * 4 * 32 * D * 2;
+  static bool attr = false;
+  if (!attr) {
+    SALA_CUDA_CHECK(
+        cudaFuncSetAttribute(attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    attr = true;
+  }
+  attention_kernel<D><<<unsigned(a.n_items), kWarps * 32, smem, st>>>(a);
+  SALA_CUDA_LAUNCH("attention kernel");
+  if (a.n_combine > 0) {
+    combine_kernel<D><<<dim3(unsigned(a.n_combine), 16), D < 32 ? 32 : D, 0, st>>>(a);
+    SALA_CUDA_LAUNCH("attention combine kernel");
+  }
+}
+
+}  // namespace
+
+void launch_attention(const SparseArgs& a, cudaStream_t st) {
+  if (a.n_items <= 0) return;
+  switch (a.pool.d) {
+    case 16: return attention_d<16>(a, st);
+    case 32: return attention_d<32>(a, st);
+    case 64: return attention_d<64>(a, st);
+    case 128: return attention_d<128>(a, st);
+    default: cuda_fail_msg("sparse_attention: head dim must be 16, 32, 64 or 128 on CUDA", __FILE__, __LINE__);
+  }
+}
+
+}  // namespace sala::cuda

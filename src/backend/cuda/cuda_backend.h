@@ -1,0 +1,166 @@
+// The CUDA backend: bf16 activations and weights, fp32 accumulation, fp32 lightning states and
+// softmax statistics (spec §2.6). Host-side orchestration only; the kernels are in the .cu files of
+// this directory behind kernels.h. See docs/cuda-backend.md.
+//
+// Cache layout (device memory, the CPU backend's layout in bf16; states fp32):
+//   K, V pages:  [sparse_layer][page][block_size][kv_heads][head_dim]           bf16
+//   K1 pages:    [sparse_layer][page][block_size/stride][kv_heads][head_dim]    bf16
+//   K2 pages:    [sparse_layer][page][block_size/(4·stride)][kv_heads][head_dim] bf16
+//   states:      [slot][lightning_layer][head][dim(key)][dim(value)]             f32
+#pragma once
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/kernels.h"
+
+typedef struct cublasContext* cublasHandle_t;
+
+namespace sala {
+
+// Grow-only device allocation (never shrinks; contents are not preserved on growth).
+class DeviceArena {
+ public:
+  DeviceArena() = default;
+  ~DeviceArena();
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+  void* reserve(size_t bytes);  // pointer valid until the next reserve() that grows
+  void* data() const { return ptr_; }
+  size_t capacity() const { return cap_; }
+  void release();
+
+ private:
+  void* ptr_ = nullptr;
+  size_t cap_ = 0;
+};
+
+// Pinned host staging for asynchronous uploads; waits for its previous copy before reuse.
+class HostStage {
+ public:
+  HostStage() = default;
+  ~HostStage();
+  HostStage(const HostStage&) = delete;
+  HostStage& operator=(const HostStage&) = delete;
+  void* get(size_t bytes);          // waits for the last copy out of this buffer, grows if needed
+  void copied(cudaStream_t stream);  // records the end of a copy out of this buffer
+
+ private:
+  void* ptr_ = nullptr;
+  size_t cap_ = 0;
+  cudaEvent_t event_ = nullptr;
+  bool pending_ = false;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device = 0);
+  ~CudaBackend() override;
+  std::string name() const override { return "cuda"; }
+  DType act_dtype() const override { return DType::BF16; }
+
+  std::unique_ptr<Buffer> alloc(size_t bytes) override;
+  void upload(Mat dst, const float* host) override;
+  void download(const Mat& src, float* host) override;
+  Weight load_weight(const TensorView& host) override;
+  Weight load_vector(const TensorView& host) override;
+  Weight random_weight(int64_t rows, int64_t cols, float mean, float std, uint64_t seed) override;
+  void synchronize() override;
+
+  void create_caches(const CacheSpec& spec) override;
+  void reset_state(int slot) override;
+  void copy_state(int src_slot, int dst_slot) override;
+  void begin_batch(const BatchInfo& batch) override;
+
+  void embed(const Weight& table, float scale, Mat out) override;
+  void matmul(const Mat& x, const Weight& w, Mat y) override;
+  void rmsnorm(const Mat& x, const Weight& w, float eps, Mat y) override;
+  void rope(Mat x, int head_dim, double theta) override;
+  void silu_mul(const Mat& g, const Mat& u, Mat out) override;
+  void sigmoid_mul(const Mat& a, const Mat& z, Mat out) override;
+  void add_scaled(Mat h, const Mat& a, float alpha) override;
+  void scale(const Mat& x, float s, Mat out) override;
+  void gather_rows(const Mat& x, std::span<const int64_t> rows, Mat out) override;
+  void lightning_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) override;
+  void sparse_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) override;
+
+  // For tests and benchmarks.
+  cudaStream_t stream() const { return stream_; }
+  const CacheSpec& spec() const { return spec_; }
+  const cudaDeviceProp& props() const { return props_; }
+  std::string device_name() const;
+  // Copies one slot/layer of lightning state (heads·d·d floats) to the host.
+  void download_state(int slot, int layer, float* host);
+  // Test hooks: the last begin_batch's selection work items, the selection lists written by the
+  // last sparse_attention call ([item][kv_head][topk + local_blocks]), and a whole cache pool as
+  // f32 (which: 0 K, 1 V, 2 K1, 3 K2).
+  const std::vector<cuda::SelItem>& debug_sel_items() const { return sel_items_host_; }
+  std::vector<int32_t> debug_selection();
+  std::vector<float> debug_pool(int which);
+  // Forces small-N products through cuBLAS (false) or allows the GEMV kernel (true, default).
+  void set_use_gemv(bool on) { use_gemv_ = on; }
+
+ private:
+  void gemm_cublas(const Mat& x, const Weight& w, Mat y);
+  const float* inv_freq(double theta, int head_dim);
+
+  int device_ = 0;
+  cudaDeviceProp props_{};
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  void* cublas_ws_ = nullptr;
+  bool use_gemv_ = true;
+
+  // Caches.
+  CacheSpec spec_;
+  bool caches_ = false;
+  void* k_ = nullptr;
+  void* v_ = nullptr;
+  void* k1_ = nullptr;
+  void* k2_ = nullptr;
+  float* states_ = nullptr;
+  float* log_decay_ = nullptr;
+  int k1pp_ = 0, k2pp_ = 0;
+  size_t state_floats_ = 0;  // per (slot, layer)
+
+  // Batch metadata (host copies and device pointers into meta_).
+  std::vector<int32_t> tokens_host_;
+  std::vector<cuda::SelItem> sel_items_host_;
+  int64_t n_tokens_ = 0;
+  bool batch_ready_ = false;
+  HostStage stage_[2];
+  int stage_i_ = 0;
+  DeviceArena meta_;
+  int32_t* d_tokens_ = nullptr;
+  int32_t* d_positions_ = nullptr;
+  cuda::SeqMeta* d_seqs_ = nullptr;
+  int32_t* d_pages_ = nullptr;
+  int64_t* d_row_dst_ = nullptr;
+  int32_t* d_rec_list_ = nullptr;
+  int32_t* d_chunk_list_ = nullptr;
+  cuda::CompressJob* d_jobs_ = nullptr;
+  cuda::SelItem* d_sel_items_ = nullptr;
+  cuda::AttnItem* d_items_ = nullptr;
+  int32_t* d_combine_ = nullptr;
+  int n_seqs_ = 0, n_rec_ = 0, n_chunked_ = 0, n_jobs_ = 0, n_sel_ = 0, n_items_ = 0, n_combine_ = 0;
+  bool rows_covered_ = false;
+
+  // Scratch.
+  DeviceArena x_bf16_;     // x converted for cuBLAS
+  DeviceArena sel_;        // selection lists
+  DeviceArena scores_;     // stage-1 chunk scores
+  DeviceArena keys_;       // pooled block keys
+  DeviceArena partial_;    // split-attention partials
+  DeviceArena partial_ml_;
+  DeviceArena gather_idx_;
+  HostStage gather_stage_;
+  std::map<std::pair<double, int>, std::unique_ptr<Buffer>> inv_freq_;
+};
+
+std::unique_ptr<Backend> make_cuda_backend(int device);
+bool cuda_device_available();
+
+}  // namespace sala

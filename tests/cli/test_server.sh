@@ -1,0 +1,313 @@
+#!/usr/bin/env bash
+# End-to-end test of `sala serve` on a tiny random checkpoint, loopback only. Needs curl, jq,
+# python3 (stdlib) and node/npm (the official `openai` client; installed by `npm ci` if missing).
+# Every wait is bounded; every server is killed on exit.
+set -euo pipefail
+: "${SALA:?path of the sala binary}" "${SALA_ROOT:?repository root}"
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$WORK"/*.log; do [[ -f $f ]] && { echo "--- $f" >&2; tail -20 "$f" >&2; }; done
+  exit 1
+}
+ok() { echo "ok: $*"; }
+for tool in curl jq python3 node npm; do command -v $tool >/dev/null || fail "$tool is required"; done
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+CLIENT="python3 $SALA_ROOT/tests/server/load_client.py"
+
+MODEL=$WORK/tiny
+"$SALA" init "$MODEL" --preset tiny --seed 1 >/dev/null
+
+# start_server NAME ARGS...: sets URL_<NAME>, PID_<NAME>; does not wait for the model.
+start_server() {
+  local name=$1; shift
+  local port; port=$(free_port)
+  "$SALA" serve --model "$MODEL" --port "$port" --backend cpu "$@" >"$WORK/$name.log" 2>&1 &
+  local pid=$!
+  PIDS+=("$pid")
+  printf -v "URL_$name" 'http://127.0.0.1:%s' "$port"
+  printf -v "PID_$name" '%s' "$pid"
+  # Bounded wait for the socket (any HTTP answer).
+  for _ in $(seq 100); do
+    curl -s -o /dev/null "http://127.0.0.1:$port/health" && return 0
+    kill -0 "$pid" 2>/dev/null || fail "server $name exited early"
+    sleep 0.1
+  done
+  fail "server $name did not listen"
+}
+wait_ready() {  # URL
+  for _ in $(seq 300); do
+    [[ $(curl -s -o /dev/null -w '%{http_code}' "$1/health") == 200 ]] && return 0
+    sleep 0.1
+  done
+  fail "$1 never became healthy"
+}
+# req METHOD URL BODY [curl args...]: prints the status; the body lands in $WORK/body.
+req() {
+  local method=$1 url=$2 body=$3; shift 3
+  local args=(-s -o "$WORK/body" -w '%{http_code}' -X "$method" "$@")
+  [[ -n $body ]] && args+=(-H 'Content-Type: application/json' --data-binary "$body")
+  curl "${args[@]}" "$url"
+}
+# expect STATUS TYPE METHOD URL BODY [curl args...]: an OpenAI error object of that status and type.
+expect_error() {
+  local status=$1 type=$2; shift 2
+  local code; code=$(req "$@")
+  [[ $code == "$status" ]] || fail "$2 $3 $4: status $code, expected $status: $(head -c 300 "$WORK/body")"
+  jq -e --arg t "$type" '.error.type == $t and (.error.message | type) == "string" and has("error") and (.error | has("param") and has("code"))' \
+    "$WORK/body" >/dev/null || fail "$2 $3 $4: error object $(cat "$WORK/body"), expected type $type"
+}
+metric() {  # URL NAME-WITH-LABELS -> value (0 if absent)
+  curl -s "$1/metrics" | awk -v k="$2" '$1 == k {print $2; f=1} END {if (!f) print 0}'
+}
+
+# --- Main server: loading state first ------------------------------------------------------------
+start_server main --max-running 32 --ctx-size 512 --cors-origin http://example.com --debug-load-delay-ms 1500
+U=$URL_main
+code=$(req GET "$U/health" "")
+[[ $code == 503 ]] && jq -e '.status == "loading"' "$WORK/body" >/dev/null || fail "health while loading: $code $(cat "$WORK/body")"
+expect_error 503 unavailable_error POST "$U/v1/completions" '{"prompt":"hi","max_tokens":2}'
+ok "503 loading while the model loads"
+wait_ready "$U"
+[[ $(req GET "$U/health" "") == 200 ]] && jq -e '.status == "ok"' "$WORK/body" >/dev/null || fail "health ready"
+ok "/health 200 once loaded"
+
+# --- Non-streaming chat and completions -----------------------------------------------------------
+code=$(req POST "$U/v1/chat/completions" '{"model":"tiny","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello"}],"max_tokens":8,"temperature":0}')
+[[ $code == 200 ]] || fail "chat: $code $(cat "$WORK/body")"
+jq -e '.object == "chat.completion" and (.id | startswith("chatcmpl-")) and (.created | type) == "number" and .model == "tiny"
+  and (.choices | length) == 1 and .choices[0].index == 0 and .choices[0].message.role == "assistant"
+  and (.choices[0].message.content | type) == "string" and (.choices[0].finish_reason | IN("stop", "length"))
+  and .usage.prompt_tokens > 0 and .usage.completion_tokens <= 8
+  and .usage.total_tokens == .usage.prompt_tokens + .usage.completion_tokens' "$WORK/body" >/dev/null ||
+  fail "chat body: $(cat "$WORK/body")"
+ok "chat completion"
+
+code=$(req POST "$U/v1/completions" '{"prompt":"Once upon a time","max_tokens":6,"temperature":0,"ignore_eos":true}')
+[[ $code == 200 ]] || fail "completions: $code"
+jq -e '.object == "text_completion" and (.id | startswith("cmpl-")) and (.choices[0].text | type) == "string"
+  and .choices[0].finish_reason == "length" and .usage.completion_tokens == 6' "$WORK/body" >/dev/null ||
+  fail "completions body: $(cat "$WORK/body")"
+GREEDY=$(jq -c '.choices[0].text' "$WORK/body")  # as JSON: keeps trailing newlines
+ok "text completion, finish_reason length at max_tokens"
+
+# max_completion_tokens wins over max_tokens; token-id prompts work.
+code=$(req POST "$U/v1/completions" '{"prompt":[1,300,301,302],"max_tokens":9,"max_completion_tokens":3,"temperature":0,"ignore_eos":true}')
+[[ $code == 200 ]] && jq -e '.usage.completion_tokens == 3 and .usage.prompt_tokens == 4' "$WORK/body" >/dev/null ||
+  fail "max_completion_tokens / token prompt: $(cat "$WORK/body")"
+ok "max_completion_tokens and token-id prompts"
+
+# --- Streaming: SSE framing checked line by line ---------------------------------------------------
+check_sse() {  # FILE OBJECT INCLUDE_USAGE
+  local f=$1 obj=$2 usage=$3
+  awk 'NR % 2 == 1 && !/^data: / {print "line " NR ": " $0; exit 1} NR % 2 == 0 && $0 != "" {print "line " NR " not blank"; exit 1}' "$f" ||
+    fail "SSE framing in $f"
+  [[ $(grep -c '' "$f") -ge 4 ]] || fail "SSE too short: $(cat "$f")"
+  [[ $(tail -n 2 "$f" | head -n 1) == "data: [DONE]" ]] || fail "SSE does not end with [DONE]: $(tail -n 3 "$f")"
+  [[ $(grep -c '^data: \[DONE\]$' "$f") == 1 ]] || fail "several [DONE]"
+  grep '^data: ' "$f" | grep -v '^data: \[DONE\]$' | sed 's/^data: //' >"$f.json"
+  jq -s -e --arg o "$obj" --argjson u "$usage" '
+    (map(.object == $o) | all) and (map(.id) | unique | length) == 1
+    and (map(select(.choices | length > 0) | .choices[0].finish_reason | select(. != null)) | length) == 1
+    and (if $u then (.[-1].choices == [] and .[-1].usage.total_tokens == .[-1].usage.prompt_tokens + .[-1].usage.completion_tokens
+                     and (.[:-1] | map(has("usage") and .usage == null) | all))
+         else (map(has("usage") | not) | all) end)' "$f.json" >/dev/null || fail "SSE chunks: $(cat "$f.json")"
+}
+curl -sN -H 'Content-Type: application/json' "$U/v1/chat/completions" \
+  -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":8,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}' >"$WORK/chat.sse"
+check_sse "$WORK/chat.sse" chat.completion.chunk true
+jq -s -e '.[0].choices[0].delta.role == "assistant" and (.[1:-1] | map(.choices[0].delta | has("role") | not) | all)' "$WORK/chat.sse.json" >/dev/null ||
+  fail "role chunk first"
+ok "streamed chat: framing, role first, one finish_reason, usage chunk last, [DONE]"
+
+curl -sN -H 'Content-Type: application/json' "$U/v1/completions" \
+  -d '{"prompt":"Once upon a time","max_tokens":6,"temperature":0,"ignore_eos":true,"stream":true}' >"$WORK/comp.sse"
+check_sse "$WORK/comp.sse" text_completion false
+[[ $(jq -s -c 'map(.choices[0].text) | add' "$WORK/comp.sse.json") == "$GREEDY" ]] || fail "streamed text differs from non-streamed"
+ok "streamed completion equals the non-streamed one"
+
+# --- Sampling controls ----------------------------------------------------------------------------
+body='{"prompt":"Hello","max_tokens":12,"temperature":1.0,"top_p":0.9,"top_k":40,"min_p":0.01,"seed":42,"presence_penalty":0.5,"frequency_penalty":0.5,"ignore_eos":true}'
+req POST "$U/v1/completions" "$body" >/dev/null; A=$(jq -r '.choices[0].text' "$WORK/body")
+req POST "$U/v1/completions" "$body" >/dev/null; B=$(jq -r '.choices[0].text' "$WORK/body")
+[[ "$A" == "$B" ]] || fail "same seed, different text"
+ok "seeded sampling is reproducible"
+
+# Stop strings: cut a greedy text at a piece of it (python compares, so no byte is lost to the shell).
+req POST "$U/v1/completions" '{"prompt":"The sea","max_tokens":24,"temperature":0,"ignore_eos":true}' >/dev/null
+cp "$WORK/body" "$WORK/full.json"
+STOP=$(python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["choices"][0]["text"]; assert len(t) >= 8, t; print(json.dumps(t[len(t)//2:len(t)//2+2]))' "$WORK/full.json") ||
+  fail "greedy text too short for the stop test"
+for stop in "$STOP" "[\"zzzz\", $STOP]"; do
+  code=$(req POST "$U/v1/completions" "{\"prompt\":\"The sea\",\"max_tokens\":24,\"temperature\":0,\"ignore_eos\":true,\"stop\":$stop}")
+  [[ $code == 200 ]] || fail "stop: $code $(cat "$WORK/body")"
+  python3 - "$WORK/full.json" "$WORK/body" "$STOP" <<'PY' || fail "stop $stop: $(cat "$WORK/body")"
+import json, sys
+full = json.load(open(sys.argv[1]))["choices"][0]["text"]
+got = json.load(open(sys.argv[2]))["choices"][0]
+stop = json.loads(sys.argv[3])
+assert got["finish_reason"] == "stop", got
+assert got["text"] == full[:full.index(stop)], (got["text"], full, stop)
+PY
+done
+ok "stop (string and array) cuts the text, finish_reason stop"
+
+code=$(req POST "$U/v1/chat/completions" '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":4,"temperature":0,"logprobs":true,"top_logprobs":3,"ignore_eos":true}')
+jq -e '(.choices[0].logprobs.content | length) == 4 and (.choices[0].logprobs.content | map((.top_logprobs | length) == 3 and .logprob <= 0 and (.bytes | type) == "array") | all)' \
+  "$WORK/body" >/dev/null || fail "chat logprobs: $(cat "$WORK/body")"
+code=$(req POST "$U/v1/completions" '{"prompt":"Hi","max_tokens":4,"temperature":0,"logprobs":2,"ignore_eos":true}')
+jq -e '.choices[0].logprobs | (.tokens | length) == 4 and (.token_logprobs | length) == 4 and (.top_logprobs | map(length == 2) | all) and (.text_offset | length) == 4' \
+  "$WORK/body" >/dev/null || fail "completion logprobs: $(cat "$WORK/body")"
+ok "logprobs / top_logprobs in both formats"
+
+# --- Errors ---------------------------------------------------------------------------------------
+expect_error 400 invalid_request_error POST "$U/v1/chat/completions" '{"messages": [}'
+expect_error 400 invalid_request_error POST "$U/v1/chat/completions" '[1,2]'
+expect_error 400 invalid_request_error POST "$U/v1/chat/completions" '{"messages":[{"role":"user","content":"x"}],"temperature":"hot"}'
+[[ $(jq -r .error.param "$WORK/body") == temperature ]] || fail "param not named: $(cat "$WORK/body")"
+expect_error 400 invalid_request_error POST "$U/v1/chat/completions" '{"messages":[{"role":"user","content":"x"}],"max_tokens":"5"}'
+[[ $(jq -r .error.param "$WORK/body") == max_tokens ]] || fail "param max_tokens"
+expect_error 400 invalid_request_error POST "$U/v1/chat/completions" '{"messages":"hello"}'
+[[ $(jq -r .error.param "$WORK/body") == messages ]] || fail "param messages"
+expect_error 400 invalid_request_error POST "$U/v1/chat/completions" '{"messages":[{"role":"wizard","content":"x"}]}'
+expect_error 400 invalid_request_error POST "$U/v1/chat/completions" '{}'
+expect_error 400 invalid_request_error POST "$U/v1/chat/completions" '{"messages":[{"role":"user","content":"x"}],"n":2}'
+[[ $(jq -r .error.param "$WORK/body") == n ]] || fail "param n"
+expect_error 400 invalid_request_error POST "$U/v1/chat/completions" '{"messages":[{"role":"user","content":"x"}],"temperature":5}'
+expect_error 400 invalid_request_error POST "$U/v1/chat/completions" '{"messages":[{"role":"user","content":"x"}],"stop":[1]}'
+expect_error 400 invalid_request_error POST "$U/v1/completions" '{"prompt":["a","b"]}'
+expect_error 400 invalid_request_error POST "$U/v1/completions" '{"prompt":[99999]}'
+expect_error 404 not_found_error POST "$U/v1/chat/completions" '{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}'
+[[ $(jq -r .error.code "$WORK/body") == model_not_found ]] || fail "code model_not_found"
+LONG=$(python3 -c 'print("hello " * 700)')
+expect_error 400 invalid_request_error POST "$U/v1/completions" "{\"prompt\":\"$LONG\",\"max_tokens\":4}"
+[[ $(jq -r .error.code "$WORK/body") == context_length_exceeded ]] || fail "code context_length_exceeded: $(cat "$WORK/body")"
+expect_error 400 invalid_request_error POST "$U/v1/chat/completions" "{\"messages\":[{\"role\":\"user\",\"content\":\"$LONG\"}]}"
+expect_error 404 not_found_error GET "$U/v1/nothing" ""
+expect_error 405 invalid_request_error GET "$U/v1/chat/completions" ""
+ok "error objects: malformed JSON, wrong types (param named), ranges, n, unknown model, long prompt, 404/405"
+
+# --- Tokenize / detokenize, models, CORS, metrics ---------------------------------------------------
+[[ $(req POST "$U/tokenize" '{"content":"hello world"}') == 200 ]] || fail tokenize
+TOKS=$(jq -c .tokens "$WORK/body")
+jq -e '.tokens | length > 0 and all(type == "number")' "$WORK/body" >/dev/null || fail "tokens: $(cat "$WORK/body")"
+[[ $(req POST "$U/detokenize" "{\"tokens\":$TOKS}") == 200 && $(jq -r .content "$WORK/body") == "hello world" ]] ||
+  fail "detokenize: $(cat "$WORK/body")"
+expect_error 400 invalid_request_error POST "$U/detokenize" '{"tokens":[123456789]}'
+expect_error 400 invalid_request_error POST "$U/tokenize" '{"content":5}'
+ok "tokenize / detokenize round trip"
+
+[[ $(req GET "$U/v1/models" "") == 200 ]] || fail models
+jq -e --arg p "$MODEL" '.object == "list" and .data[0].object == "model" and .data[0].path == $p and .data[0].loaded == true
+  and .data[0].size_bytes > 0 and .data[0].dtype == "bfloat16" and .data[0].context_length > 0 and .data[0].max_context == 512' \
+  "$WORK/body" >/dev/null || fail "models: $(cat "$WORK/body")"
+ok "/v1/models with path, size, dtype, context"
+
+curl -s -D "$WORK/h" -o /dev/null -X OPTIONS -H 'Origin: http://example.com' -H 'Access-Control-Request-Method: POST' "$U/v1/chat/completions"
+grep -qi '^HTTP/1.1 204' "$WORK/h" && grep -qi '^access-control-allow-origin: http://example.com' "$WORK/h" &&
+  grep -qi '^access-control-allow-headers:.*authorization' "$WORK/h" || fail "CORS preflight: $(cat "$WORK/h")"
+curl -s -D "$WORK/h" -o /dev/null "$U/health"
+grep -qi '^access-control-allow-origin: http://example.com' "$WORK/h" || fail "CORS header"
+ok "CORS preflight and headers"
+
+curl -s "$U/metrics" >"$WORK/metrics"
+for m in 'sala_requests_total{endpoint="chat",status="200"}' 'sala_requests_total{endpoint="chat",status="400"}' \
+  'sala_requests_total{endpoint="chat",status="404"}' sala_prompt_tokens_total sala_generation_tokens_total \
+  sala_requests_waiting sala_requests_running sala_cache_usage_ratio 'sala_time_to_first_token_seconds_count' \
+  'sala_request_latency_seconds_bucket{le="+Inf"}' 'sala_request_finish_total{reason="length"}'; do
+  grep -qF "$m " "$WORK/metrics" || fail "metric $m missing"
+done
+[[ $(metric "$U" sala_generation_tokens_total) -gt 0 ]] || fail "no generated tokens counted"
+ok "/metrics (Prometheus text)"
+
+# --- Batching: 32 concurrent greedy requests == each alone; bounded load; RSS stable ---------------
+$CLIENT "$U" consistency 32 || fail "batched outputs differ"
+rss() { awk '/^VmRSS/ {print $2}' "/proc/$PID_main/status"; }
+$CLIENT "$U" load 64 10 || fail "load round 1"
+R1=$(rss)
+$CLIENT "$U" load 64 10 || fail "load round 2"
+R2=$(rss)
+echo "VmRSS after round 1: $R1 kB, after round 2: $R2 kB"
+(( R2 - R1 < 2048 )) || fail "RSS grew by $((R2 - R1)) kB over an identical round"
+[[ $(metric "$U" sala_requests_running) == 0 && $(metric "$U" sala_requests_waiting) == 0 && $(metric "$U" sala_cache_tokens_used) == 0 ]] ||
+  fail "work left after the load"
+ok "load test without errors or RSS growth"
+
+# --- Real client: the official openai npm package ----------------------------------------------------
+if [[ ! -d $SALA_ROOT/tests/server/node_modules/openai ]]; then
+  npm ci --prefix "$SALA_ROOT/tests/server" >"$WORK/npm.log" 2>&1 || { cat "$WORK/npm.log" >&2; fail "npm ci failed: the openai client is required"; }
+fi
+node "$SALA_ROOT/tests/server/openai_client.mjs" "$U" "" tiny || fail "openai client"
+ok "openai npm client"
+
+# --- Auth, overload (429) and disconnects, on a one-sequence server -----------------------------------
+start_server small --api-key s3cret --max-running 1 --max-queue 1 --ctx-size 16384
+S=$URL_small
+wait_ready "$S"
+AUTH=(-H 'Authorization: Bearer s3cret')
+expect_error 401 authentication_error GET "$S/v1/models" ""
+expect_error 401 authentication_error GET "$S/v1/models" "" -H 'Authorization: Bearer wrong'
+expect_error 401 authentication_error POST "$S/v1/completions" '{"prompt":"x"}'
+[[ $(req GET "$S/v1/models" "" "${AUTH[@]}") == 200 ]] || fail "valid key refused"
+[[ $(req GET "$S/health" "") == 200 ]] || fail "/health needs no key"
+ok "Bearer auth on /v1/*"
+
+# A: a long stream holding the only sequence.
+curl -sN "${AUTH[@]}" -H 'Content-Type: application/json' "$S/v1/completions" \
+  -d '{"prompt":"go","max_tokens":16000,"ignore_eos":true,"stream":true}' >"$WORK/a.sse" &
+CURL_A=$!
+PIDS+=("$CURL_A")
+for _ in $(seq 100); do [[ $(metric "$S" sala_requests_running) == 1 ]] && break; sleep 0.05; done
+[[ $(metric "$S" sala_requests_running) == 1 ]] || fail "request A not running"
+# B: waits for the sequence.
+curl -s -o "$WORK/b.json" -w '%{http_code}' "${AUTH[@]}" -H 'Content-Type: application/json' "$S/v1/completions" \
+  -d '{"prompt":"b","max_tokens":2}' >"$WORK/b.code" &
+REQ_B=$!
+PIDS+=("$REQ_B")
+for _ in $(seq 100); do [[ $(metric "$S" sala_requests_waiting) == 1 ]] && break; sleep 0.05; done
+[[ $(metric "$S" sala_requests_waiting) == 1 ]] || fail "request B not waiting"
+# C: the queue is full.
+expect_error 429 rate_limit_error POST "$S/v1/completions" '{"prompt":"c","max_tokens":2}' "${AUTH[@]}"
+ok "429 when the waiting queue is full"
+# Client A goes away: its request is cancelled, its sequence freed, and B runs.
+kill "$CURL_A" 2>/dev/null || true
+for _ in $(seq 100); do [[ $(metric "$S" 'sala_request_finish_total{reason="cancelled"}') == 1 ]] && break; sleep 0.05; done
+[[ $(metric "$S" 'sala_request_finish_total{reason="cancelled"}') == 1 ]] || fail "disconnect did not cancel"
+wait "$REQ_B" || true
+[[ $(cat "$WORK/b.code") == 200 ]] || fail "B after A left: $(cat "$WORK/b.code")"
+[[ $(metric "$S" sala_requests_running) == 0 && $(metric "$S" sala_cache_sequences_used) == 0 ]] || fail "caches not freed"
+ok "a disconnected stream is cancelled at once and frees its sequence"
+
+# Same for a non-streamed request whose client gives up.
+curl -s -m 1 "${AUTH[@]}" -H 'Content-Type: application/json' "$S/v1/completions" \
+  -d '{"prompt":"go","max_tokens":16000,"ignore_eos":true}' >/dev/null || true
+for _ in $(seq 100); do [[ $(metric "$S" 'sala_request_finish_total{reason="cancelled"}') == 2 ]] && break; sleep 0.05; done
+[[ $(metric "$S" 'sala_request_finish_total{reason="cancelled"}') == 2 ]] || fail "non-streamed disconnect did not cancel"
+ok "a disconnected non-streamed request is cancelled too"
+
+# --- Shutdown: SIGTERM with a stream in flight, SIGINT when idle -----------------------------------
+curl -sN -H 'Content-Type: application/json' "$U/v1/completions" \
+  -d '{"prompt":"go","max_tokens":500,"ignore_eos":true,"stream":true}' >"$WORK/term.sse" 2>/dev/null &
+CURL_T=$!
+PIDS+=("$CURL_T")
+sleep 0.2
+kill -TERM "$PID_main"
+for _ in $(seq 150); do kill -0 "$PID_main" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$PID_main" 2>/dev/null && fail "server still running 15 s after SIGTERM"
+wait "$PID_main" && rc=0 || rc=$?
+[[ $rc == 0 ]] || fail "exit code $rc after SIGTERM"
+grep -q "SIGTERM received" "$WORK/main.log" || fail "no shutdown message"
+kill -INT "$PID_small"
+for _ in $(seq 150); do kill -0 "$PID_small" 2>/dev/null || break; sleep 0.1; done
+wait "$PID_small" && rc=0 || rc=$?
+[[ $rc == 0 ]] || fail "exit code $rc after SIGINT"
+ok "SIGTERM / SIGINT: clean exit 0"
+
+echo "test_server: all passed"

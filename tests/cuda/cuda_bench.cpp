@@ -1,0 +1,310 @@
+// sala_cuda_tests --bench [--json FILE]: speed-of-light measurements of the CUDA backend's ops.
+// Each line: what, time (median of 5 batches of repeats, CUDA events), achieved GB/s or TFLOP/s,
+// and the fraction of the measured ceiling (device-to-device copy bandwidth; cuBLAS's own large
+// bf16 GEMM rate for matrix work). Weights rotate through enough copies to defeat the 50 MB L2.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "core/dtype.h"
+
+using namespace sala;
+
+namespace {
+
+struct Result {
+  std::string name;
+  double us;
+  double gbs;     // achieved bytes/s (1e9), 0 if not meaningful
+  double tflops;  // achieved FLOP/s (1e12), 0 if not meaningful
+  double frac;    // fraction of the relevant ceiling
+};
+
+// Median over 5 batches of `reps` calls, microseconds per call.
+double time_us(CudaBackend& be, int reps, const std::function<void(int)>& fn) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < 2; ++i) fn(i);  // warm-up
+  be.synchronize();
+  std::vector<double> t;
+  for (int batch = 0; batch < 5; ++batch) {
+    cudaEventRecord(a, be.stream());
+    for (int i = 0; i < reps; ++i) fn(i);
+    cudaEventRecord(b, be.stream());
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(double(ms) * 1000.0 / reps);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[2];
+}
+
+std::vector<float> host_rand(size_t n, float std, uint64_t seed) {
+  std::vector<float> v(n);
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (auto& f : v) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    f = std * (float((x >> 11) & 0xFFFFFF) / 16777216.0f * 2.f - 1.f) * 1.7f;
+  }
+  return v;
+}
+
+}  // namespace
+
+int run_bench(int argc, char** argv) {
+  std::string json;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], "--json") == 0) json = argv[i + 1];
+  CudaBackend be(0);
+  std::vector<Result> res;
+  auto add = [&](Result r) {
+    std::printf("%-52s %10.2f us %9.1f GB/s %8.2f TFLOP/s  %5.1f%%\n", r.name.c_str(), r.us, r.gbs, r.tflops,
+                100.0 * r.frac);
+    std::fflush(stdout);
+    res.push_back(r);
+  };
+  std::printf("device: %s, %d SMs\n", be.device_name().c_str(), be.props().multiProcessorCount);
+
+  // Ceiling 1: device-to-device copy (bytes read + written).
+  double bw = 0;
+  {
+    const size_t bytes = size_t(1) << 30;
+    auto src = be.alloc(bytes), dst = be.alloc(bytes);
+    cudaMemsetAsync(src->data(), 1, bytes, be.stream());
+    const double us = time_us(be, 5, [&](int) {
+      cudaMemcpyAsync(dst->data(), src->data(), bytes, cudaMemcpyDeviceToDevice, be.stream());
+    });
+    bw = 2.0 * double(bytes) / (us * 1e-6) / 1e9;
+    add({"memcpy D2D 1 GiB (read+write)", us, bw, 0, 1.0});
+  }
+
+  // Ceiling 2 + prefill products: cuBLAS bf16 GEMM.
+  double gemm_peak = 0;
+  {
+    struct S {
+      int64_t n, out, in;
+    };
+    for (S s : {S{4096, 4096, 4096}, S{512, 4096, 4096}, S{512, 16384, 4096}, S{512, 4096, 16384}, S{64, 4096, 4096},
+                S{16, 4096, 4096}}) {
+      Weight w = be.random_weight(s.out, s.in, 0.f, 0.02f, 7);
+      auto xb = be.alloc(size_t(s.n * s.in) * 2), yb = be.alloc(size_t(s.n * s.out) * 2);
+      Mat x = xb->mat(DType::BF16, s.n, s.in), y = yb->mat(DType::BF16, s.n, s.out);
+      auto xh = host_rand(size_t(s.n * s.in), 1.f, 3);
+      be.upload(x, xh.data());
+      const double us = time_us(be, 10, [&](int) { be.matmul(x, w, y); });
+      const double tf = 2.0 * s.n * s.out * s.in / (us * 1e-6) / 1e12;
+      if (s.n == 4096) gemm_peak = tf;
+      const double gb = double(s.out * s.in * 2 + s.n * (s.in + s.out) * 2) / (us * 1e-6) / 1e9;
+      add({"cuBLAS gemm N=" + std::to_string(s.n) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), us, gb,
+           tf, gemm_peak > 0 ? tf / gemm_peak : 1.0});
+    }
+  }
+
+  // Decode products: GEMV at N = 1..8 (bandwidth bound on the weight).
+  {
+    struct S {
+      int64_t out, in;
+    };
+    for (S s : {S{4096, 4096}, S{16384, 4096}, S{4096, 16384}, S{73448, 4096}}) {
+      const size_t wbytes = size_t(s.out * s.in) * 2;
+      const int copies = int(std::max<size_t>(1, (size_t(256) << 20) / wbytes));
+      std::vector<Weight> ws;
+      for (int c = 0; c < copies; ++c) ws.push_back(be.random_weight(s.out, s.in, 0.f, 0.02f, 11 + c));
+      for (int n : {1, 2, 4, 8}) {
+        auto xb = be.alloc(size_t(n * s.in) * 2), yb = be.alloc(size_t(n * s.out) * 4);
+        Mat x = xb->mat(DType::BF16, n, s.in), y = yb->mat(n == 1 && s.out == 73448 ? DType::F32 : DType::BF16, n, s.out);
+        auto xh = host_rand(size_t(n * s.in), 1.f, 5);
+        be.upload(x, xh.data());
+        const double us = time_us(be, 20, [&](int i) { be.matmul(x, ws[size_t(i % copies)], y); });
+        const double gb = double(wbytes) / (us * 1e-6) / 1e9;
+        add({"gemv N=" + std::to_string(n) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), us, gb,
+             2.0 * n * s.out * s.in / (us * 1e-6) / 1e12, gb / bw});
+      }
+    }
+  }
+
+  // Elementwise and norms at decode and prefill sizes.
+  {
+    for (int64_t rows : {int64_t(1), int64_t(512)}) {
+      const int64_t cols = rows == 1 ? 16384 : 16384;
+      auto ab = be.alloc(size_t(rows * cols) * 2), bb = be.alloc(size_t(rows * cols) * 2),
+           ob = be.alloc(size_t(rows * cols) * 2);
+      Mat a = ab->mat(DType::BF16, rows, cols), b = bb->mat(DType::BF16, rows, cols), o = ob->mat(DType::BF16, rows, cols);
+      auto h = host_rand(size_t(rows * cols), 1.f, 9);
+      be.upload(a, h.data());
+      be.upload(b, h.data());
+      double us = time_us(be, 50, [&](int) { be.silu_mul(a, b, o); });
+      double gb = 3.0 * rows * cols * 2 / (us * 1e-6) / 1e9;
+      add({"silu_mul " + std::to_string(rows) + "x" + std::to_string(cols), us, gb, 0, gb / bw});
+      Weight w = be.random_weight(1, 4096, 1.f, 0.1f, 3);
+      Mat x4 = a.reshape(rows * cols / 4096, 4096), y4 = o.reshape(rows * cols / 4096, 4096);
+      us = time_us(be, 50, [&](int) { be.rmsnorm(x4, w, 1e-6f, y4); });
+      gb = 2.0 * rows * cols * 2 / (us * 1e-6) / 1e9;
+      add({"rmsnorm " + std::to_string(x4.rows) + "x4096", us, gb, 0, gb / bw});
+    }
+  }
+
+  // Lightning: recurrent decode (state streaming) and chunked prefill, 9B geometry, one layer.
+  {
+    CacheSpec spec;
+    spec.lightning_layers = 1;
+    spec.lightning_heads = 32;
+    spec.lightning_dim = 128;
+    for (int h = 0; h < 32; ++h) spec.log_decay.push_back(-float(std::pow(2.0, -(h + 1) / 4.0)));
+    spec.lightning_scale = 1.0f / std::sqrt(128.f);
+    spec.max_slots = 64;
+    be.create_caches(spec);
+    for (int B : {1, 8, 32, 64}) {
+      BatchInfo b;
+      for (int s = 0; s < B; ++s) {
+        SeqEntry e;
+        e.slot = s, e.start = s, e.n_new = 1, e.cached = 100;
+        b.seqs.push_back(e);
+        b.tokens.push_back(1), b.positions.push_back(100);
+      }
+      be.begin_batch(b);
+      auto qb = be.alloc(size_t(B) * 4096 * 2 * 4);
+      Mat q = qb->mat(DType::BF16, B, 4096);
+      Mat k = Mat{static_cast<uint8_t*>(qb->data()) + size_t(B) * 4096 * 2, DType::BF16, B, 4096};
+      Mat v = Mat{static_cast<uint8_t*>(qb->data()) + size_t(B) * 4096 * 4, DType::BF16, B, 4096};
+      Mat o = Mat{static_cast<uint8_t*>(qb->data()) + size_t(B) * 4096 * 6, DType::BF16, B, 4096};
+      auto h = host_rand(size_t(B) * 4096, 0.1f, 1);
+      be.upload(q, h.data()), be.upload(k, h.data()), be.upload(v, h.data());
+      const double us = time_us(be, 20, [&](int) { be.lightning_attention(0, q, k, v, o); });
+      const double bytes = double(B) * 32 * 128 * 128 * 4 * 2;
+      add({"gla decode (recurrent) B=" + std::to_string(B) + " 32x128x128", us, bytes / (us * 1e-6) / 1e9,
+           4.0 * B * 32 * 128 * 128 / (us * 1e-6) / 1e12, bytes / (us * 1e-6) / 1e9 / bw});
+    }
+    for (int L : {512, 2048}) {
+      BatchInfo b;
+      SeqEntry e;
+      e.slot = 0, e.start = 0, e.n_new = L, e.cached = 0;
+      b.seqs.push_back(e);
+      for (int i = 0; i < L; ++i) b.tokens.push_back(1), b.positions.push_back(i);
+      be.begin_batch(b);
+      auto qb = be.alloc(size_t(L) * 4096 * 2 * 4);
+      Mat q = qb->mat(DType::BF16, L, 4096);
+      Mat k = Mat{static_cast<uint8_t*>(qb->data()) + size_t(L) * 4096 * 2, DType::BF16, L, 4096};
+      Mat v = Mat{static_cast<uint8_t*>(qb->data()) + size_t(L) * 4096 * 4, DType::BF16, L, 4096};
+      Mat o = Mat{static_cast<uint8_t*>(qb->data()) + size_t(L) * 4096 * 6, DType::BF16, L, 4096};
+      auto h = host_rand(size_t(L) * 4096, 0.1f, 2);
+      be.upload(q, h.data()), be.upload(k, h.data()), be.upload(v, h.data());
+      const double us = time_us(be, 3, [&](int) { be.lightning_attention(0, q, k, v, o); });
+      const double flops = double(L) / 64 * 32 * (4.0 * 64 * 128 * 128 + 2.0 * 64 * 64 * 128);
+      add({"gla prefill (chunked) L=" + std::to_string(L), us, 0, flops / (us * 1e-6) / 1e12,
+           flops / (us * 1e-6) / 1e12 / 60.0});
+    }
+  }
+
+  // Sparse layer (9B geometry, one layer): prefill chunks, then decode at several contexts.
+  {
+    CacheSpec spec;
+    spec.sparse_layers = 1;
+    spec.kv_heads = 2, spec.head_dim = 128, spec.q_heads = 32;
+    spec.block_size = 64, spec.kernel_size = 32, spec.kernel_stride = 16;
+    spec.init_blocks = 1, spec.local_blocks = 32, spec.topk = 64;
+    spec.max_pages = 1400;
+    spec.max_slots = 16;
+    spec.attn_scale = 1.0f / std::sqrt(128.f);
+    be.create_caches(spec);
+    const int64_t chunk = 512;
+    auto qb = be.alloc(size_t(chunk) * (4096 + 256 + 256 + 4096) * 2);
+    Mat q = qb->mat(DType::BF16, chunk, 4096);
+    auto h = host_rand(size_t(chunk) * 4096, 1.0f, 4);
+    be.upload(q, h.data());
+    uint8_t* base = static_cast<uint8_t*>(qb->data()) + size_t(chunk) * 4096 * 2;
+    Mat k{base, DType::BF16, chunk, 256}, v{base + chunk * 512, DType::BF16, chunk, 256};
+    Mat o{base + chunk * 1024, DType::BF16, chunk, 4096};
+    be.upload(k, h.data()), be.upload(v, h.data() + chunk * 256);
+    // Sequence 0: 32K tokens (sparse from 8K), sequences 1..8: 4K tokens (dense).
+    std::vector<std::vector<int32_t>> pages(9);
+    int next = 0;
+    for (int i = 0; i < 520; ++i) pages[0].push_back(next++);
+    for (int s = 1; s <= 8; ++s)
+      for (int i = 0; i < 66; ++i) pages[size_t(s)].push_back(next++);
+    auto prefill_call = [&](int seq, int64_t cached, int64_t n, bool sparse) {
+      BatchInfo b;
+      SeqEntry e;
+      e.slot = seq, e.start = 0, e.n_new = n, e.cached = cached, e.sparse = sparse, e.pages = pages[size_t(seq)];
+      b.seqs.push_back(e);
+      for (int64_t i = 0; i < n; ++i) b.tokens.push_back(1), b.positions.push_back(int32_t(cached + i));
+      be.begin_batch(b);
+      be.sparse_attention(0, q.slice_rows(0, n), k.slice_rows(0, n), v.slice_rows(0, n), o.slice_rows(0, n));
+    };
+    cudaEvent_t ea, eb;
+    cudaEventCreate(&ea), cudaEventCreate(&eb);
+    for (int64_t c = 0; c < 32768; c += chunk) {
+      const bool timed = c == 0 || c == 7680 || c == 16384 || c == 32256;
+      if (timed) cudaEventRecord(ea, be.stream());
+      prefill_call(0, c, chunk, c + chunk >= 8192);
+      if (timed) {
+        cudaEventRecord(eb, be.stream());
+        cudaEventSynchronize(eb);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, ea, eb);
+        const double us = ms * 1000.0;
+        // Dense: 4·n·(c + n/2)·H·d FLOPs; sparse: ≤ 4·n·6144·H·d.
+        const double keys = c + chunk >= 8192 ? std::min<double>(6144, double(c) + chunk / 2) : double(c) + chunk / 2;
+        const double flops = 4.0 * chunk * keys * 32 * 128;
+        add({"sparse-layer prefill chunk 512 @" + std::to_string(c) + (c + chunk >= 8192 ? " (InfLLM-v2)" : " (dense)"),
+             us, 0, flops / (us * 1e-6) / 1e12, flops / (us * 1e-6) / 1e12 / std::max(gemm_peak, 1.0)});
+      }
+    }
+    for (int s = 1; s <= 8; ++s)
+      for (int64_t c = 0; c < 4096; c += chunk) prefill_call(s, c, chunk, false);
+    be.synchronize();
+    // Decode: one token; the cache is not grown between repeats (same position re-written).
+    auto decode = [&](std::vector<int> seqs, std::vector<int64_t> cached, bool sparse, const std::string& name) {
+      BatchInfo b;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        SeqEntry e;
+        e.slot = seqs[i], e.start = int64_t(i), e.n_new = 1, e.cached = cached[i], e.sparse = sparse;
+        e.pages = pages[size_t(seqs[i])];
+        b.seqs.push_back(e);
+        b.tokens.push_back(1), b.positions.push_back(int32_t(cached[i]));
+      }
+      be.begin_batch(b);
+      const int64_t B = int64_t(seqs.size());
+      const double us = time_us(be, 20, [&](int) {
+        be.sparse_attention(0, q.slice_rows(0, B), k.slice_rows(0, B), v.slice_rows(0, B), o.slice_rows(0, B));
+      });
+      double keys = 0;
+      for (auto c : cached) keys += sparse ? std::min<double>(double(c) + 1, 96 * 64) : double(c) + 1;
+      double bytes = keys * 2 * 256 * 2;
+      if (sparse) bytes += double(cached[0]) / 16 * 256 * 2 * 1.25;  // stage-1 K1 + K2 reads
+      add({name, us, bytes / (us * 1e-6) / 1e9, 0, bytes / (us * 1e-6) / 1e9 / bw});
+    };
+    decode({0}, {8190}, false, "sparse-layer decode B=1 T=8191 dense");
+    decode({0}, {32767}, false, "sparse-layer decode B=1 T=32768 dense");
+    decode({0}, {32767}, true, "sparse-layer decode B=1 T=32768 InfLLM-v2");
+    decode({1, 2, 3, 4, 5, 6, 7, 8}, std::vector<int64_t>(8, 4095), false, "sparse-layer decode B=8 T=4096 dense");
+    cudaEventDestroy(ea), cudaEventDestroy(eb);
+  }
+
+  if (!json.empty()) {
+    FILE* f = std::fopen(json.c_str(), "w");
+    if (f) {
+      std::fprintf(f, "{\n  \"device\": \"%s\",\n  \"copy_GBps\": %.1f,\n  \"gemm_TFLOPs\": %.1f,\n  \"results\": [\n",
+                   be.device_name().c_str(), bw, gemm_peak);
+      for (size_t i = 0; i < res.size(); ++i)
+        std::fprintf(f, "    {\"name\": \"%s\", \"us\": %.3f, \"GBps\": %.1f, \"TFLOPs\": %.3f, \"fraction\": %.3f}%s\n",
+                     res[i].name.c_str(), res[i].us, res[i].gbs, res[i].tflops, res[i].frac,
+                     i + 1 < res.size() ? "," : "");
+      std::fprintf(f, "  ]\n}\n");
+      std::fclose(f);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,149 @@
+// The model and engine on the CPU backend: scale of random checkpoints, and the invariances the
+// spec promises (chunking, batching, trimming) plus the regime rule of §4.2.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "engine/engine.h"
+#include "model/loader.h"
+#include "model/presets.h"
+#include "model/random_checkpoint.h"
+
+using namespace sala;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path tiny_checkpoint() {
+  static fs::path dir = [] {
+    fs::path d = fs::temp_directory_path() / ("sala_model_test_" + std::to_string(::getpid()));
+    write_random_checkpoint(d, preset_config("tiny"), {.seed = 7, .dtype = DType::F32});
+    return d;
+  }();
+  return dir;
+}
+
+std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(5, vocab - 1);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+double rel_err(std::span<const float> a, std::span<const float> b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += double(a[i] - b[i]) * (a[i] - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+struct Fixture {
+  CpuBackend backend{2};
+  LoadedModel m;
+  explicit Fixture(int64_t max_tokens = 512) {
+    m = load_model(tiny_checkpoint().string(), backend, {.max_batch_tokens = max_tokens, .max_logit_rows = max_tokens});
+  }
+  // Runs tokens as prompt chunks of `chunk` (regime by the whole prompt), returns all logits.
+  std::vector<float> run(std::span<const int32_t> tokens, int64_t chunk, int64_t regime_len = -2) {
+    Engine e(*m.model, {.max_sequences = 1, .max_context = 1024});
+    int s = e.open();
+    std::vector<float> all;
+    for (size_t i = 0; i < tokens.size(); i += size_t(chunk)) {
+      auto part = tokens.subspan(i, std::min(size_t(chunk), tokens.size() - i));
+      Engine::Request r{s, part, regime_len == -2 ? int64_t(tokens.size()) : regime_len, true};
+      auto out = e.step(std::span(&r, 1));
+      all.insert(all.end(), out[0].begin(), out[0].end());
+    }
+    return all;
+  }
+};
+
+}  // namespace
+
+TEST(Model, RandomCheckpointIsMarkedAndWellScaled) {
+  Fixture f;
+  EXPECT_TRUE(f.m.config.random_weights);
+  std::vector<double> rms;
+  f.m.model->trace_layer_rms(&rms);
+  auto tokens = random_tokens(64, f.m.config.vocab_size, 1);
+  f.run(tokens, 64);
+  ASSERT_EQ(rms.size(), size_t(f.m.config.num_layers + 1));
+  for (size_t i = 0; i < rms.size(); ++i) {
+    EXPECT_GT(rms[i], 0.3) << "layer " << i;  // neither vanishing ...
+    EXPECT_LT(rms[i], 10.0) << "layer " << i;  // ... nor exploding
+  }
+}
+
+TEST(Model, ChunkSizeNeverChangesResults) {
+  Fixture f;
+  auto tokens = random_tokens(300, f.m.config.vocab_size, 2);  // sparse regime: 300 >= dense_len 256
+  auto one = f.run(tokens, 300);
+  for (int64_t chunk : {1, 7, 64, 100}) {
+    auto chunked = f.run(tokens, chunk);
+    EXPECT_LT(rel_err(chunked, one), 1e-5) << "chunk " << chunk;
+  }
+}
+
+TEST(Model, BatchOfTwoEqualsEachAlone) {
+  Fixture f;
+  auto a = random_tokens(40, f.m.config.vocab_size, 3), b = random_tokens(270, f.m.config.vocab_size, 4);
+  auto alone_a = f.run(a, 40), alone_b = f.run(b, 270);
+  Engine e(*f.m.model, {.max_sequences = 2, .max_context = 512});
+  int sa = e.open(), sb = e.open();
+  std::vector<Engine::Request> reqs = {{sa, a, -1, true}, {sb, b, -1, true}};
+  auto out = e.step(reqs);
+  EXPECT_LT(rel_err(out[0], alone_a), 1e-5);
+  EXPECT_LT(rel_err(out[1], alone_b), 1e-5);
+}
+
+TEST(Model, TrimThenRefeedGivesIdenticalLogits) {
+  Fixture f;
+  auto tokens = random_tokens(280, f.m.config.vocab_size, 5);
+  Engine e(*f.m.model, {.max_sequences = 1, .max_context = 512});
+  int s = e.open();
+  Engine::Request prompt{s, std::span(tokens).first(260)};
+  e.step(std::span(&prompt, 1));
+  e.snapshot(s);
+  Engine::Request more{s, std::span(tokens).subspan(260, 20), -1, true};
+  auto first = e.step(std::span(&more, 1));
+  e.trim(s, 260);
+  EXPECT_EQ(e.length(s), 260);
+  auto again = e.step(std::span(&more, 1));
+  EXPECT_EQ(first[0], again[0]);  // bit-identical: same caches, same ops
+  EXPECT_THROW(e.trim(s, 250), Error);  // no snapshot there
+}
+
+TEST(Model, DecodePastDenseLenDiffersFromOneShotExactlyAsSpecified) {
+  Fixture f;
+  const auto& sc = f.m.config.sparse;
+  auto tokens = random_tokens(280, f.m.config.vocab_size, 6);
+  auto one_shot = f.run(tokens, 280);  // all sparse (T = 280 >= 256)
+  // Prefill 250 (dense), then one token per call: dense until T reaches dense_len, sparse after.
+  Engine e(*f.m.model, {.max_sequences = 1, .max_context = 512});
+  int s = e.open();
+  std::vector<float> incremental;
+  Engine::Request p{s, std::span(tokens).first(250), -1, true};
+  auto out = e.step(std::span(&p, 1));
+  incremental = out[0];
+  for (size_t i = 250; i < tokens.size(); ++i) {
+    Engine::Request d{s, std::span(tokens).subspan(i, 1), -1, true};
+    auto o = e.step(std::span(&d, 1));
+    incremental.insert(incremental.end(), o[0].begin(), o[0].end());
+  }
+  const size_t V = size_t(f.m.config.vocab_size);
+  auto row = [&](const std::vector<float>& v, int64_t p) { return std::span(v).subspan(size_t(p) * V, V); };
+  // While every past block fits the budget, sparse attention equals dense attention (spec §8.8).
+  const int64_t fits = int64_t(sc.budget_blocks()) * sc.block_size;  // positions < 128 for tiny
+  for (int64_t p = 0; p < fits; ++p) ASSERT_LT(rel_err(row(incremental, p), row(one_shot, p)), 1e-5) << p;
+  // Later dense positions see blocks the sparse path drops: results differ.
+  int differing = 0;
+  for (int64_t p = fits; p < sc.dense_len - 1; ++p) differing += rel_err(row(incremental, p), row(one_shot, p)) > 1e-4;
+  EXPECT_GT(differing, 0);
+}
