@@ -1,7 +1,6 @@
 // sala serve --model ID|DIR: the OpenAI-compatible HTTP server (see server/api_server.h).
 // The HTTP server starts first, so /health answers "loading" while the model loads. SIGINT or
 // SIGTERM: stop accepting, end running requests, free the caches, exit 0.
-#include <pthread.h>
 #include <signal.h>
 
 #include <atomic>
@@ -25,6 +24,8 @@ namespace sala::cli {
 namespace {
 
 using namespace sala::server;
+
+volatile std::sig_atomic_t g_signal = 0;  // set by the SIGINT/SIGTERM handler
 
 Runner setup(CLI::App& app) {
   struct Opts {
@@ -72,16 +73,15 @@ Runner setup(CLI::App& app) {
                            ModelRegistry::default_hub_cache());
     const ModelEntry served = registry.resolve(o->model);
 
-    // Signals are taken by the control thread only (sigtimedwait), never by a handler mid-work.
-    // An inherited "ignore" (shells start background jobs with SIGINT ignored) would discard them
-    // before they could pend, so the default disposition comes back first.
-    std::signal(SIGINT, SIG_DFL);
-    std::signal(SIGTERM, SIG_DFL);
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    // A handler only records the signal; the control thread acts on it. (Blocking the signals
+    // instead would not do: threads a library started before main, e.g. OpenBLAS's, would still
+    // take them with the default action.) SA_RESTART keeps syscalls of other threads going.
+    struct sigaction sa {};
+    sa.sa_handler = [](int sig) { g_signal = sig; };
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
 
     Metrics metrics;
     WorkerOptions wo;
@@ -125,9 +125,9 @@ Runner setup(CLI::App& app) {
     std::thread control([&] {
       bool announced = false;
       for (;;) {
-        timespec tick{0, 200 * 1000 * 1000};
-        const int sig = sigtimedwait(&signals, nullptr, &tick);
-        if (sig == SIGINT || sig == SIGTERM) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        const int sig = g_signal;
+        if (sig != 0) {
           std::fprintf(stderr, "sala serve: %s received, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
           break;
         }

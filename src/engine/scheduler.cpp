@@ -67,11 +67,12 @@ bool Scheduler::step() {
     finish(a, FinishReason::Cancelled);
     return true;
   });
-  // Requests that ask for nothing finish at once.
-  while (!waiting_.empty() && waiting_.front().req.max_tokens == 0) {
-    finish(waiting_.front(), FinishReason::Length);
-    waiting_.pop_front();
-  }
+  // Requests that ask for nothing finish at once, wherever they are in the queue.
+  std::erase_if(waiting_, [&](Active& a) {
+    if (a.req.max_tokens != 0) return false;
+    finish(a, FinishReason::Length);
+    return true;
+  });
   // Admission: as many waiting requests as there are free sequences.
   while (!waiting_.empty() && int(active_.size()) < engine_.options().max_sequences) {
     Active a = std::move(waiting_.front());

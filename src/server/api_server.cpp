@@ -277,7 +277,8 @@ http::Response ApiServer::generate(http::Request& req, bool chat) {
   Accumulated acc;
   for (;;) {
     std::vector<Event> events = ch->wait(kPoll);
-    if (events.empty() && req.client_alive && !req.client_alive()) {
+    // Checked on every pass: while tokens flow, the wait never comes back empty.
+    if (req.client_alive && !req.client_alive()) {
       worker_.cancel(*ch);
       throw ApiError(499, "client closed the connection");
     }

@@ -110,8 +110,14 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const Options& options, 
   // Added tokens, then the optional reasoning markers (spec §5.1).
   if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
     if (!j["added_tokens"].is_array()) fail("{}: \"added_tokens\" must be an array", where);
-    for (size_t i = 0; i < j["added_tokens"].size(); ++i)
-      t.added_.push_back(AddedToken::from_json(j["added_tokens"][i], fmt::format("{}: added_tokens[{}]", where, i)));
+    for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
+      auto w = fmt::format("{}: added_tokens[{}]", where, i);
+      t.added_.push_back(AddedToken::from_json(j["added_tokens"][i], w));
+      // HF gives an added token that is also a vocabulary piece the vocabulary's id.
+      const auto& a = t.added_.back();
+      if (auto id = t.model_.find(a.content); id && *id != a.id)
+        fail("{}: \"{}\" has id {} but the vocabulary gives it id {}", w, a.content, a.id, *id);
+    }
   }
   auto model_piece = [&](int32_t id) -> std::string { return t.model_.has_id(id) ? t.model_.piece(id) : std::string(); };
   if (options.reasoning_markers_as_added && model_piece(101) == "<think>" && model_piece(102) == "</think>") {

@@ -244,7 +244,7 @@ ok "load test without errors or RSS growth"
 if [[ ! -d $SALA_ROOT/tests/server/node_modules/openai ]]; then
   npm ci --prefix "$SALA_ROOT/tests/server" >"$WORK/npm.log" 2>&1 || { cat "$WORK/npm.log" >&2; fail "npm ci failed: the openai client is required"; }
 fi
-node "$SALA_ROOT/tests/server/openai_client.mjs" "$U" "" tiny || fail "openai client"
+node "$SALA_ROOT/tests/server/openai_client.mjs" "$U" "" "$MODEL" || fail "openai client"
 ok "openai npm client"
 
 # --- Auth, overload (429) and disconnects, on a one-sequence server -----------------------------------

@@ -200,7 +200,8 @@ void test_matmul(Ctx& C, Rng& r) {
 // ------------------------------------------------------------------------------------------------
 void test_rows_ops(Ctx& C, Rng& r) {
   // rmsnorm (out of place, in place, f32 output)
-  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 4096}, {7, 100}, {132, 128}, {5, 16}, {3, 24}}) {
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 4096}, {7, 100}, {132, 128}, {5, 16}, {3, 24}, {2, 16384}, {3, 1536}, {9, 1024}}) {
     auto x = randn(r, size_t(rows * cols), 2.0f);
     auto wv = randn(r, size_t(cols), 0.2f, 1.0f);
     TensorView tv{wv.data(), DType::F32, {cols}};

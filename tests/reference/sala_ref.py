@@ -379,8 +379,7 @@ class Model(object):
                 continue
             self.w[name] = torch.as_tensor(np.asarray(arr, dtype=np.float64)).to(DT)
         self._check_weights()
-        c = self.cfg
-        self.g = lightning_log_decay(c.lightning_nh)
+        self.g = lightning_log_decay(self.cfg.lightning_nh)   # per lightning query head
 
     # ---- weights ------------------------------------------------------------------------
     def _expect(self, name, shape):

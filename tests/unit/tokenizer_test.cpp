@@ -154,7 +154,8 @@ TEST(Tokenizer, ReasoningMarkersAsAddedTokens) {
   EXPECT_EQ(ids.front(), 101);
   EXPECT_EQ(std::count(ids.begin(), ids.end(), 102), 1);
   EXPECT_FALSE(m.is_special(101));
-  EXPECT_EQ(m.decode(ids, true), "<think>\nhmm\n</think>\n\nok");
+  // As in HF, the text after an added token is a new segment and gets the "▁" prefix.
+  EXPECT_EQ(m.decode(ids, true), "<think> \nhmm\n</think> \n\nok");
   // Without the option the text is split into ordinary pieces.
   auto plain = real(false).encode("<think>", false);
   EXPECT_GT(plain.size(), 1u);
@@ -219,7 +220,8 @@ TEST(ThinkFilter, HidesBlocksWithMarkersSplitAnywhere) {
   const std::string reasoning = "\nreason a < b </ think\nx";
   {
     ThinkFilter f;
-    EXPECT_EQ(f.push(text) + f.finish(), visible);
+    std::string out = f.push(text);
+    EXPECT_EQ(out + f.finish(), visible);
     EXPECT_EQ(f.take_reasoning(), reasoning);
   }
   for (size_t i = 0; i <= text.size(); ++i)
@@ -239,13 +241,17 @@ TEST(ThinkFilter, HidesBlocksWithMarkersSplitAnywhere) {
 }
 
 TEST(ThinkFilter, StartInsideAndUnterminated) {
+  auto run = [](ThinkFilter& f, std::string_view text) {
+    std::string out = f.push(text);
+    return out + f.finish();
+  };
   ThinkFilter a(true);
-  EXPECT_EQ(a.push("plan</think>\n\nanswer") + a.finish(), "answer");
+  EXPECT_EQ(run(a, "plan</think>\n\nanswer"), "answer");
   ThinkFilter b;
-  EXPECT_EQ(b.push("<think>never closed") + b.finish(), "");
+  EXPECT_EQ(run(b, "<think>never closed"), "");
   EXPECT_EQ(b.take_reasoning(), "never closed");
   ThinkFilter c;
-  EXPECT_EQ(c.push("no markers at all <th") + c.finish(), "no markers at all <th");
+  EXPECT_EQ(run(c, "no markers at all <th"), "no markers at all <th");
 }
 
 TEST(Chat, ExactLayout) {

@@ -202,43 +202,66 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_kernel(SparseArgs a)
   }
 }
 
-// Merges the splits of one (unit, row): grid (units with splits, 16 rows), D threads.
+// Merges the splits of one (unit, row): grid (units with splits, 16 rows), 256 threads. Thread
+// (split group, float4 column) reads every kSG-th split, so all loads are in flight at once.
+constexpr int kCombineThreads = 256;
+
+__device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float x = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, x) : v + x;
+  }
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = is_max ? -INFINITY : 0.f;
+#pragma unroll
+  for (int w = 0; w < kCombineThreads / 32; ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+  __syncthreads();
+  return r;
+}
+
 template <int D>
-__global__ void __launch_bounds__(D < 32 ? 32 : D) combine_kernel(SparseArgs a) {
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(SparseArgs a) {
+  constexpr int Q = D / 4;                    // float4 per row
+  constexpr int SG = kCombineThreads / Q;     // split groups
   __shared__ float w[kMaxSplit];
-  __shared__ float red[32];
+  __shared__ float red[kCombineThreads / 32];
+  __shared__ float4 acc[SG][Q];
   const AttnItem it = a.items[a.combine_items[blockIdx.x]];
   const int r = blockIdx.y;
   const int tok = r / it.nheads, hh = r % it.nheads;
   if (tok >= it.ntok) return;
-  const int tid = threadIdx.x, nt = blockDim.x, ns = it.nsplit;
+  const int tid = threadIdx.x, ns = it.nsplit;
   const int64_t part = it.part;
-  float m = -INFINITY;
-  for (int sp = tid; sp < ns; sp += nt) m = fmaxf(m, a.partial_ml[((part + sp) * 16 + r) * 2]);
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (tid % 32 == 0) red[tid / 32] = m;
-  __syncthreads();
-  float M = -INFINITY;
-  for (int i = 0; i < (nt + 31) / 32; ++i) M = fmaxf(M, red[i]);
-  __syncthreads();
-  float lsum = 0.f;
-  for (int sp = tid; sp < ns; sp += nt) {
-    const float ms = a.partial_ml[((part + sp) * 16 + r) * 2];
-    const float f = ms == -INFINITY ? 0.f : exp2f(ms - M);
-    w[sp] = f;
-    lsum += f * a.partial_ml[((part + sp) * 16 + r) * 2 + 1];
+  const float ms = tid < ns ? a.partial_ml[((part + tid) * 16 + r) * 2] : -INFINITY;
+  const float ls = tid < ns ? a.partial_ml[((part + tid) * 16 + r) * 2 + 1] : 0.f;
+  const float M = block_reduce(ms, red, true);
+  const float f = (tid < ns && ms != -INFINITY) ? exp2f(ms - M) : 0.f;
+  if (tid < ns) w[tid] = f;
+  const float L = block_reduce(f * ls, red, false);  // (its barrier also publishes w)
+  const int q = tid % Q, sg = tid / Q;
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+  for (int sp = sg; sp < ns; sp += SG) {
+    const float4 v = reinterpret_cast<const float4*>(a.partial + ((part + sp) * 16 + r) * D)[q];
+    const float ws = w[sp];
+    o.x += v.x * ws, o.y += v.y * ws, o.z += v.z * ws, o.w += v.w * ws;
   }
-  lsum = warp_sum(lsum);
-  if (tid % 32 == 0) red[tid / 32] = lsum;
+  acc[sg][q] = o;
   __syncthreads();
-  float L = 0.f;
-  for (int i = 0; i < (nt + 31) / 32; ++i) L += red[i];
-  for (int dc = tid; dc < D; dc += nt) {
-    float O = 0.f;
-    const float* src = a.partial + (part * 16 + r) * D + dc;
-#pragma unroll 8
-    for (int sp = 0; sp < ns; ++sp) O += src[int64_t(sp) * 16 * D] * w[sp];
-    stf(a.out, a.dto, int64_t(it.row0 + tok) * a.ldo + int64_t(it.head0 + hh) * D + dc, O / L);
+  if (tid < Q) {
+    float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int g2 = 0; g2 < SG; ++g2) {
+      const float4 v = acc[g2][tid];
+      t.x += v.x, t.y += v.y, t.z += v.z, t.w += v.w;
+    }
+    const int64_t base = int64_t(it.row0 + tok) * a.ldo + int64_t(it.head0 + hh) * D + 4 * tid;
+    stf(a.out, a.dto, base, t.x / L);
+    stf(a.out, a.dto, base + 1, t.y / L);
+    stf(a.out, a.dto, base + 2, t.z / L);
+    stf(a.out, a.dto, base + 3, t.w / L);
   }
 }
 
@@ -254,7 +277,7 @@ void attention_d(const SparseArgs& a, cudaStream_t st) {
   attention_kernel<D><<<unsigned(a.n_items), kWarps * 32, smem, st>>>(a);
   SALA_CUDA_LAUNCH("attention kernel");
   if (a.n_combine > 0) {
-    combine_kernel<D><<<dim3(unsigned(a.n_combine), 16), D < 32 ? 32 : D, 0, st>>>(a);
+    combine_kernel<D><<<dim3(unsigned(a.n_combine), 16), kCombineThreads, 0, st>>>(a);
     SALA_CUDA_LAUNCH("attention combine kernel");
   }
 }

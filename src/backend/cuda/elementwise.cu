@@ -102,6 +102,50 @@ __global__ void rmsnorm_bf16(const bf16* x, const bf16* w, bf16* y, int64_t rows
   }
 }
 
+// Wide rows (≥ 1024 bf16): one CTA of 256 threads per row, the row held in registers (PPT
+// 16-byte pieces per thread), so every load is issued before the first use: one memory round trip.
+template <int PPT>
+__global__ void __launch_bounds__(256) rmsnorm_bf16_wide(const bf16* x, const bf16* w, bf16* y, int cols, float eps) {
+  __shared__ float red[8];
+  const int64_t row = blockIdx.x;
+  const uint4* xr = reinterpret_cast<const uint4*>(x + row * cols);
+  const uint4* wr = reinterpret_cast<const uint4*>(w);
+  uint4* yr = reinterpret_cast<uint4*>(y + row * cols);
+  const int n8 = cols / 8, tid = threadIdx.x;
+  uint4 v[PPT];
+#pragma unroll
+  for (int i = 0; i < PPT; ++i) {
+    const int p = tid + 256 * i;
+    v[i] = p < n8 ? xr[p] : make_uint4(0, 0, 0, 0);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < PPT; ++i) {
+    float f[8];
+    unpack8(v[i], f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+  }
+  ss = warp_sum(ss);
+  if (tid % 32 == 0) red[tid / 32] = ss;
+  __syncthreads();
+  float tot = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) tot += red[i];
+  const float inv = 1.0f / sqrtf(tot / float(cols) + eps);
+#pragma unroll
+  for (int i = 0; i < PPT; ++i) {
+    const int p = tid + 256 * i;
+    if (p >= n8) continue;
+    float f[8], g[8];
+    unpack8(v[i], f);
+    unpack8(wr[p], g);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = rbf(f[j] * inv) * g[j];
+    yr[p] = pack8(f);
+  }
+}
+
 __global__ void rmsnorm_generic(const void* x, int dtx, const void* w, int dtw, void* y, int dty, int64_t rows,
                                 int cols, float eps) {
   const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
@@ -203,7 +247,19 @@ void launch_rmsnorm(const void* x, Dt dtx, const void* w, Dt dtw, void* y, Dt dt
                     float eps, cudaStream_t st) {
   if (rows <= 0) return;
   const unsigned blocks = unsigned((rows + 7) / 8);
-  if (dtx == kBF16 && dtw == kBF16 && dty == kBF16 && cols % 8 == 0 && aligned16(x) && aligned16(w) && aligned16(y))
+  const bool vec = dtx == kBF16 && dtw == kBF16 && dty == kBF16 && cols % 8 == 0 && aligned16(x) && aligned16(w) &&
+                   aligned16(y);
+  if (vec && cols >= 1024 && cols <= 8 * 256 * 8) {
+    const int ppt = int((cols / 8 + 255) / 256);
+    auto xb = static_cast<const bf16*>(x);
+    auto wb = static_cast<const bf16*>(w);
+    auto yb = static_cast<bf16*>(y);
+    const unsigned r = unsigned(rows);
+    if (ppt <= 1) rmsnorm_bf16_wide<1><<<r, 256, 0, st>>>(xb, wb, yb, int(cols), eps);
+    else if (ppt <= 2) rmsnorm_bf16_wide<2><<<r, 256, 0, st>>>(xb, wb, yb, int(cols), eps);
+    else if (ppt <= 4) rmsnorm_bf16_wide<4><<<r, 256, 0, st>>>(xb, wb, yb, int(cols), eps);
+    else rmsnorm_bf16_wide<8><<<r, 256, 0, st>>>(xb, wb, yb, int(cols), eps);
+  } else if (vec)
     rmsnorm_bf16<<<blocks, 256, 0, st>>>(static_cast<const bf16*>(x), static_cast<const bf16*>(w),
                                          static_cast<bf16*>(y), rows, int(cols), eps);
   else
