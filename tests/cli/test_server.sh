@@ -293,21 +293,24 @@ for _ in $(seq 100); do [[ $(metric "$S" 'sala_request_finish_total{reason="canc
 ok "a disconnected non-streamed request is cancelled too"
 
 # --- Shutdown: SIGTERM with a stream in flight, SIGINT when idle -----------------------------------
-curl -sN -H 'Content-Type: application/json' "$U/v1/completions" \
-  -d '{"prompt":"go","max_tokens":500,"ignore_eos":true,"stream":true}' >"$WORK/term.sse" 2>/dev/null &
+curl -sN "${AUTH[@]}" -H 'Content-Type: application/json' "$S/v1/completions" \
+  -d '{"prompt":"go","max_tokens":16000,"ignore_eos":true,"stream":true}' >"$WORK/term.sse" 2>/dev/null &
 CURL_T=$!
 PIDS+=("$CURL_T")
-sleep 0.2
-kill -TERM "$PID_main"
-for _ in $(seq 150); do kill -0 "$PID_main" 2>/dev/null || break; sleep 0.1; done
-kill -0 "$PID_main" 2>/dev/null && fail "server still running 15 s after SIGTERM"
-wait "$PID_main" && rc=0 || rc=$?
-[[ $rc == 0 ]] || fail "exit code $rc after SIGTERM"
-grep -q "SIGTERM received" "$WORK/main.log" || fail "no shutdown message"
-kill -INT "$PID_small"
+for _ in $(seq 100); do [[ $(metric "$S" sala_requests_running) == 1 ]] && break; sleep 0.05; done
+kill -TERM "$PID_small"
 for _ in $(seq 150); do kill -0 "$PID_small" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$PID_small" 2>/dev/null && fail "server still running 15 s after SIGTERM"
 wait "$PID_small" && rc=0 || rc=$?
+[[ $rc == 0 ]] || fail "exit code $rc after SIGTERM"
+grep -q "SIGTERM received" "$WORK/small.log" || fail "no shutdown message"
+wait "$CURL_T" || true
+grep -q '^data: {"error":.*shutting down' "$WORK/term.sse" && [[ $(tail -n 2 "$WORK/term.sse" | head -n 1) == "data: [DONE]" ]] ||
+  fail "the in-flight stream was not ended with an error event: $(tail -c 300 "$WORK/term.sse")"
+kill -INT "$PID_main"
+for _ in $(seq 150); do kill -0 "$PID_main" 2>/dev/null || break; sleep 0.1; done
+wait "$PID_main" && rc=0 || rc=$?
 [[ $rc == 0 ]] || fail "exit code $rc after SIGINT"
-ok "SIGTERM / SIGINT: clean exit 0"
+ok "SIGTERM ends the in-flight stream with an error event, exit 0; SIGINT exit 0"
 
 echo "test_server: all passed"
