@@ -26,7 +26,7 @@ Runner setup(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   app.add_option("MODEL", o->model, "model directory holding tokenizer.json (or the tokenizer.json file)")->required();
-  app.add_option("TEXT", o->text, "text to encode (give it or --jsonl)");
+  CLI::Option* text_opt = app.add_option("TEXT", o->text, "text to encode (give it or --jsonl)");
   app.add_flag("--pieces", o->pieces, "also print the pieces, as a JSON array on a second line");
   app.add_flag("--no-special", o->no_special, "do not add the BOS token (add_special_tokens=false)");
   app.add_flag("--chat", o->chat,
@@ -41,8 +41,8 @@ Runner setup(CLI::App& app) {
   app.footer(
       "Output: the ids on one line, separated by spaces. Special-token strings in the text (<s>, <|im_start|>, ...) "
       "become their ids, as in HF tokenizers.");
-  return [o] {
-    SALA_CHECK(o->text.empty() || o->jsonl.empty(), "tokenize: give TEXT or --jsonl, not both");
+  return [o, text_opt] {
+    SALA_CHECK((text_opt->count() > 0) != !o->jsonl.empty(), "tokenize: give TEXT or --jsonl (one of them)");
     SALA_CHECK(o->chat || (o->system.empty() && !o->no_think), "tokenize: --system and --no-think need --chat");
     Tokenizer::Options topt;
     topt.reasoning_markers_as_added = !o->no_markers;

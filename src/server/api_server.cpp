@@ -31,16 +31,17 @@ namespace {
 constexpr auto kPoll = 50ms;  // how often a waiting handler looks at its client
 
 // Constant-time comparison, so the key cannot be guessed byte by byte from response times.
-bool same_secret(const std::string& a, const std::string& b) {
-  unsigned diff = unsigned(a.size() ^ b.size());
-  for (size_t i = 0; i < a.size(); ++i) diff |= unsigned(char(a[i] ^ b[i % (b.empty() ? 1 : b.size())]));
-  return diff == 0 && !b.empty();
+bool same_secret(const std::string& given, const std::string& expected) {
+  if (given.size() != expected.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < given.size(); ++i) diff |= (unsigned char)(given[i] ^ expected[i]);
+  return diff == 0;
 }
 
 std::string percent_decode(const std::string& s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%' && i + 2 < s.size() + 0 && std::isxdigit((unsigned char)s[i + 1]) &&
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit((unsigned char)s[i + 1]) &&
         std::isxdigit((unsigned char)s[i + 2])) {
       out += char(std::stoi(s.substr(i + 1, 2), nullptr, 16));
       i += 2;

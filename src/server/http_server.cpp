@@ -258,7 +258,12 @@ void Server::run() {
     pollfd p{listen_fd_, POLLIN, 0};
     if (::poll(&p, 1, kTickMs) <= 0) continue;
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      // Out of descriptors (EMFILE) leaves the socket readable: back off instead of spinning.
+      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // SSE chunks must not wait for Nagle
     {

@@ -225,8 +225,11 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const Options& options, 
   }
   t.decoded_.assign(size_t(size), std::string());
   t.byte_.assign(size_t(size), -1);
+  std::vector<std::string> source = t.pieces_;
+  for (const auto& a : t.added_)  // HF decodes a normalized added token as its normalized content
+    if (a.normalized) t.normalize(a.content, source[size_t(a.id)]);
   for (int32_t id = 0; id < size; ++id) {
-    std::string d = t.pieces_[size_t(id)];
+    std::string d = std::move(source[size_t(id)]);
     for (const auto& [from, to] : replaces) replace_all(d, from, to);
     if (byte_fallback) t.byte_[size_t(id)] = int16_t(byte_of(d));
     t.decoded_[size_t(id)] = std::move(d);

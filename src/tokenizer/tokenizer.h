@@ -7,7 +7,8 @@
 //   -> BPE with byte fallback (<0xNN>) and fused <unk>
 //   -> post-processor TemplateProcessing (BOS), only with add_special_tokens.
 // Decoding: Replace "▁" -> " ", ByteFallback (a run of byte pieces that is not valid UTF-8
-// becomes one U+FFFD per byte, as in HF), Fuse, Strip one leading " ".
+// becomes one U+FFFD per byte, as in HF), Fuse, Strip one leading " ". As in HF, an added token
+// with normalized=true enters the decoder as its normalized content ("hello" -> "▁hello").
 // Any component or option outside this pipeline is rejected with an error naming it.
 //
 // Input text that is not valid UTF-8 is repaired first: every maximal ill-formed subpart becomes

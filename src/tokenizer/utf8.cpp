@@ -131,34 +131,18 @@ bool is_whitespace(uint32_t cp) {
          cp == 0x3000;
 }
 
+extern const uint32_t kWordRanges[][2];
+extern const size_t kWordRangeCount;
+
 bool is_word_char(uint32_t cp) {
   if (cp < 0x80) return (cp >= '0' && cp <= '9') || (cp >= 'A' && cp <= 'Z') || (cp >= 'a' && cp <= 'z') || cp == '_';
-  if (is_whitespace(cp)) return false;
-  // Latin-1 punctuation and symbols, except the letters/numbers among them.
-  if (cp >= 0x80 && cp <= 0xBF)
-    return cp == 0xAA || cp == 0xB2 || cp == 0xB3 || cp == 0xB5 || cp == 0xB9 || cp == 0xBA || cp >= 0xBC;
-  if (cp == 0xD7 || cp == 0xF7) return false;
-  struct Range {
-    uint32_t lo, hi;
-  };
-  static constexpr Range kNonWord[] = {
-      {0x2000, 0x206F},   // general punctuation
-      {0x20A0, 0x20CF},   // currency
-      {0x2190, 0x2BFF},   // arrows, math operators, technical, box drawing, shapes, dingbats
-      {0x2E00, 0x2E7F},   // supplemental punctuation
-      {0x3000, 0x3004},   // CJK punctuation (3005-3007 are letters/numbers)
-      {0x3008, 0x3020},
-      {0xFE00, 0xFE0F},   // variation selectors
-      {0xFE30, 0xFE4F},   // CJK compatibility forms
-      {0xFF01, 0xFF0F},   // fullwidth punctuation
-      {0xFF1A, 0xFF20},
-      {0xFF3B, 0xFF40},
-      {0xFF5B, 0xFF65},
-      {0x1F000, 0x1FAFF}, // emoji and pictographs
-  };
-  for (const Range& r : kNonWord)
-    if (cp >= r.lo && cp <= r.hi) return false;
-  return true;
+  size_t lo = 0, hi = kWordRangeCount;  // first range whose end >= cp
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (kWordRanges[mid][1] < cp) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < kWordRangeCount && kWordRanges[lo][0] <= cp;
 }
 
 }  // namespace sala::utf8

@@ -1,5 +1,5 @@
 // UTF-8 helpers for the tokenizer: validation, U+FFFD repair, code point iteration and the
-// two character classes that HF `tokenizers` takes from Rust's `char`.
+// two character classes that HF `tokenizers` uses for added tokens (\s and \w).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -34,12 +34,12 @@ uint32_t next(std::string_view s, size_t& i);
 
 void append(std::string& out, uint32_t cp);
 
-// Rust char::is_whitespace (Unicode White_Space property).
+// The regex class \s: Unicode White_Space (same set as Rust's char::is_whitespace).
 bool is_whitespace(uint32_t cp);
 
-// Rust `c.is_alphanumeric() || c == '_'` (used by added tokens' single_word): exact for ASCII;
-// for other code points an approximation that treats letters, digits and marks of all scripts as
-// word characters and whitespace, punctuation, symbols and emoji as non-word characters.
+// The regex class \w that HF `tokenizers` uses for added tokens' single_word (Rust regex,
+// Unicode: Alphabetic, marks, decimal digits, connector punctuation, ZWNJ/ZWJ). Table in
+// word_table.cpp, generated from Unicode 14 (code points assigned later may differ).
 bool is_word_char(uint32_t cp);
 
 }  // namespace sala::utf8

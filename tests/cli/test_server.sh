@@ -69,7 +69,7 @@ metric() {  # URL NAME-WITH-LABELS -> value (0 if absent)
 }
 
 # --- Main server: loading state first ------------------------------------------------------------
-start_server main --max-running 32 --ctx-size 512 --cors-origin http://example.com --debug-load-delay-ms 1500
+start_server main --max-running 32 --ctx-size 512 --cors-origin http://example.com --debug-load-delay-ms 2500
 U=$URL_main
 code=$(req GET "$U/health" "")
 [[ $code == 503 ]] && jq -e '.status == "loading"' "$WORK/body" >/dev/null || fail "health while loading: $code $(cat "$WORK/body")"
@@ -182,6 +182,8 @@ expect_error 400 invalid_request_error POST "$U/v1/chat/completions" '{"messages
 [[ $(jq -r .error.param "$WORK/body") == n ]] || fail "param n"
 expect_error 400 invalid_request_error POST "$U/v1/chat/completions" '{"messages":[{"role":"user","content":"x"}],"temperature":5}'
 expect_error 400 invalid_request_error POST "$U/v1/chat/completions" '{"messages":[{"role":"user","content":"x"}],"stop":[1]}'
+expect_error 400 invalid_request_error POST "$U/v1/chat/completions" '{"messages":[{"role":"user","content":"x"}],"reasoning_format":"bogus"}'
+[[ $(jq -r .error.param "$WORK/body") == reasoning_format ]] || fail "param reasoning_format"
 expect_error 400 invalid_request_error POST "$U/v1/completions" '{"prompt":["a","b"]}'
 expect_error 400 invalid_request_error POST "$U/v1/completions" '{"prompt":[99999]}'
 expect_error 404 not_found_error POST "$U/v1/chat/completions" '{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}'
@@ -248,7 +250,7 @@ node "$SALA_ROOT/tests/server/openai_client.mjs" "$U" "" "$MODEL" || fail "opena
 ok "openai npm client"
 
 # --- Auth, overload (429) and disconnects, on a one-sequence server -----------------------------------
-start_server small --api-key s3cret --max-running 1 --max-queue 1 --ctx-size 16384
+start_server small --api-key s3cret --max-running 1 --max-queue 1 --ctx-size 16384 --no-think
 S=$URL_small
 wait_ready "$S"
 AUTH=(-H 'Authorization: Bearer s3cret')
@@ -258,6 +260,15 @@ expect_error 401 authentication_error POST "$S/v1/completions" '{"prompt":"x"}'
 [[ $(req GET "$S/v1/models" "" "${AUTH[@]}") == 200 ]] || fail "valid key refused"
 [[ $(req GET "$S/health" "") == 200 ]] || fail "/health needs no key"
 ok "Bearer auth on /v1/*"
+
+# Thinking off (--no-think, or per request chat_template_kwargs.enable_thinking=false): the prompt
+# carries the empty <think> block, so it is longer.
+CHAT='{"messages":[{"role":"user","content":"Hi"}],"max_tokens":1'
+req POST "$U/v1/chat/completions" "$CHAT}" >/dev/null; P_THINK=$(jq .usage.prompt_tokens "$WORK/body")
+req POST "$U/v1/chat/completions" "$CHAT,\"chat_template_kwargs\":{\"enable_thinking\":false}}" >/dev/null; P_KW=$(jq .usage.prompt_tokens "$WORK/body")
+req POST "$S/v1/chat/completions" "$CHAT}" "${AUTH[@]}" >/dev/null; P_NOTHINK=$(jq .usage.prompt_tokens "$WORK/body")
+(( P_NOTHINK > P_THINK && P_KW == P_NOTHINK )) || fail "no-think prompts: $P_THINK / $P_KW / $P_NOTHINK tokens"
+ok "--no-think and chat_template_kwargs.enable_thinking=false add the empty think block"
 
 # A: a long stream holding the only sequence.
 curl -sN "${AUTH[@]}" -H 'Content-Type: application/json' "$S/v1/completions" \
@@ -312,5 +323,13 @@ for _ in $(seq 150); do kill -0 "$PID_main" 2>/dev/null || break; sleep 0.1; don
 wait "$PID_main" && rc=0 || rc=$?
 [[ $rc == 0 ]] || fail "exit code $rc after SIGINT"
 ok "SIGTERM ends the in-flight stream with an error event, exit 0; SIGINT exit 0"
+
+# A model that cannot load: the server says why and exits 1.
+mkdir -p "$WORK/broken"
+echo '{}' >"$WORK/broken/config.json"
+port=$(free_port)
+timeout 60 "$SALA" serve --model "$WORK/broken" --port "$port" --backend cpu >"$WORK/broken.log" 2>&1 && rc=0 || rc=$?
+[[ $rc == 1 ]] && grep -q '^error: ' "$WORK/broken.log" || fail "broken model: exit $rc: $(cat "$WORK/broken.log")"
+ok "a model that fails to load: error message, exit 1"
 
 echo "test_server: all passed"

@@ -122,16 +122,24 @@ int run_bench(int argc, char** argv) {
       const int copies = int(std::max<size_t>(1, (size_t(256) << 20) / wbytes));
       std::vector<Weight> ws;
       for (int c = 0; c < copies; ++c) ws.push_back(be.random_weight(s.out, s.in, 0.f, 0.02f, 11 + c));
-      for (int n : {1, 2, 4, 8}) {
-        auto xb = be.alloc(size_t(n * s.in) * 2), yb = be.alloc(size_t(n * s.out) * 4);
-        Mat x = xb->mat(DType::BF16, n, s.in), y = yb->mat(n == 1 && s.out == 73448 ? DType::F32 : DType::BF16, n, s.out);
-        auto xh = host_rand(size_t(n * s.in), 1.f, 5);
-        be.upload(x, xh.data());
-        const double us = time_us(be, 20, [&](int i) { be.matmul(x, ws[size_t(i % copies)], y); });
-        const double gb = double(wbytes) / (us * 1e-6) / 1e9;
-        add({"gemv N=" + std::to_string(n) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), us, gb,
-             2.0 * n * s.out * s.in / (us * 1e-6) / 1e12, gb / bw});
-      }
+      for (int n : {1, 2, 4, 8})
+        for (int mode = -1; mode <= 3; ++mode) {  // -1: automatic variant without PDL
+          auto xb = be.alloc(size_t(n * s.in) * 2), yb = be.alloc(size_t(n * s.out) * 4);
+          Mat x = xb->mat(DType::BF16, n, s.in),
+              y = yb->mat(n == 1 && s.out == 73448 ? DType::F32 : DType::BF16, n, s.out);
+          auto xh = host_rand(size_t(n * s.in), 1.f, 5);
+          be.upload(x, xh.data());
+          be.set_gemv_mode(std::max(mode, 0));
+          be.set_pdl(mode >= 0);
+          const double us = time_us(be, 20, [&](int i) { be.matmul(x, ws[size_t(i % copies)], y); });
+          be.set_gemv_mode(0);
+          be.set_pdl(true);
+          const double gb = double(wbytes) / (us * 1e-6) / 1e9;
+          const char* mn[] = {"nopdl", "auto", "fma", "mma4", "mma16"};
+          add({std::string("gemv ") + mn[mode + 1] + " N=" + std::to_string(n) + " " + std::to_string(s.out) + "x" +
+                   std::to_string(s.in),
+               us, gb, 2.0 * n * s.out * s.in / (us * 1e-6) / 1e12, gb / bw});
+        }
     }
   }
 

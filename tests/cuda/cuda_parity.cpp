@@ -184,6 +184,17 @@ void test_matmul(Ctx& C, Rng& r) {
                              dn(xd), dn(yd)),
               strf("rel %.2e", e));
       }
+    if (s.n <= 8)  // every GEMV variant (FMA, tensor cores with 4 or 16 warps)
+      for (int mode = 1; mode <= 3; ++mode) {
+        C.gpu.set_gemv_mode(mode);
+        Mat xg = C.gmat(DType::BF16, s.n, s.in, &x), yg = C.gmat(DType::BF16, s.n, s.out);
+        C.gpu.matmul(xg, wg, yg);
+        C.gpu.set_gemv_mode(0);
+        const double e = rel_err(C.gget(yg), ref);
+        check(e < 1e-2, strf("matmul(gemv mode %d) N=%lld %lldx%lld", mode, (long long)s.n, (long long)s.out,
+                             (long long)s.in),
+              strf("rel %.2e", e));
+      }
     if (s.n <= 8) {  // the cuBLAS path at small N too
       C.gpu.set_use_gemv(false);
       Mat xg = C.gmat(DType::BF16, s.n, s.in, &x), yg = C.gmat(DType::BF16, s.n, s.out);

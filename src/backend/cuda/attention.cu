@@ -5,6 +5,11 @@
 // group's heads share every K/V load) × one split of the item's key chunks. Each warp streams its
 // share of 32-key tiles through its own shared-memory slice; the 4 warps merge in shared memory;
 // split items (decode) write unnormalised partials merged by attn_combine.
+// Prefill (dense_items): one CTA of 4 warps per 4 consecutive token groups of one KV head; the
+// CTA loads each 32-key K/V tile once (double-buffered, all 128 threads copy) and every warp uses
+// it for its own 16 rows, so K/V traffic is a quarter of the per-warp scheme. Dense: tiles of
+// [0, p_max]. InfLLM-v2 (one token per warp): the union of the 4 tokens' selected blocks, each
+// warp skipping the blocks it did not select.
 // Speed of light:
 //   decode, dense, context T, 9B geometry: K+V bytes 2·T·kv_heads·d·2 = 1 KiB per token per layer
 //   (T = 32K: 32 MiB → 10 µs at 3.35 TB/s); FLOPs 4·T·H·d = 16 KFLOP/token — bandwidth bound.
@@ -202,6 +207,177 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_kernel(SparseArgs a)
   }
 }
 
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32) attention_dense_kernel(SparseArgs a) {
+  extern __shared__ float4 smem4[];
+  constexpr uint32_t kTile = 32 * D * 2;
+  constexpr int CPR = D / 8;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
+  const AttnItem it = a.dense_items[blockIdx.x];
+  const SeqMeta s = a.seqs[it.seq];
+  const int32_t* pages = a.pages + s.page_off;
+  const PoolGeom& g = a.pool;
+  const int row_w = g.kvh * D;
+  const uint32_t sbase = smem_addr(smem4);  // K0 V0 K1 V1, then (sparse) block flags and list
+  const bf16* kpool = static_cast<const bf16*>(g.k);
+  const bf16* vpool = static_cast<const bf16*>(g.v);
+  const int64_t layer_rows = int64_t(a.layer) * g.max_pages * g.bs;
+  const int gq = lane / 4, t4 = lane % 4;
+  const int p0 = s.cached + (it.row0 - s.start);
+  const int pend = p0 + it.ntok;
+  // This warp's tokens: [w·tpu, min((w+1)·tpu, ntok)).
+  const int wt0 = warp * it.tpu, wt1 = min(wt0 + it.tpu, it.ntok);
+  const int wlast = wt1 > wt0 ? p0 + wt1 - 1 : -1;  // last position this warp attends from
+  int prow[2];
+  int64_t qoff[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int r = gq + 8 * hr;
+    const int tok = wt0 + r / it.nheads, hh = r % it.nheads;
+    const bool ok = r / it.nheads < it.tpu && tok < wt1;
+    prow[hr] = ok ? p0 + tok : -1;
+    qoff[hr] = ok ? int64_t(it.row0 + tok) * a.ldq + int64_t(it.head0 + hh) * D : -1;
+  }
+  uint32_t qf[D / 16][4];
+  load_q_frags<D>(qf, a.q, a.dtq, qoff[0], qoff[1], lane);
+
+  // Sparse items (one token per warp): the union of the warps' selected blocks, ascending, each
+  // with the mask of the warps that selected it.
+  uint32_t* list = reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(smem4) + 4 * kTile);
+  int n_union = 0;
+  const int tpb = it.sparse ? (g.bs + 31) / 32 : 1;
+  if (it.sparse) {
+    const int nb = (pend - 1) / g.bs + 1;
+    uint32_t* flags = list + 4 * a.kmax;  // [nb]
+    __shared__ int s_cnt[kWarps];
+    for (int b = tid; b < nb; b += kWarps * 32) flags[b] = 0;
+    __syncthreads();
+    if (wt1 > wt0) {
+      const int32_t* sel = a.sel + (int64_t(it.sel_item + warp) * g.kvh + it.kvh) * a.kmax;
+      for (int i = lane; i < it.nchunks; i += 32) atomicOr(&flags[sel[i]], 1u << warp);
+    }
+    __syncthreads();
+    int base = 0;
+    for (int b0 = 0; b0 < nb; b0 += kWarps * 32) {
+      const int b = b0 + tid;
+      const uint32_t f = b < nb ? flags[b] : 0u;
+      const uint32_t ballot = __ballot_sync(0xffffffffu, f != 0);
+      if (lane == 0) s_cnt[warp] = __popc(ballot);
+      __syncthreads();
+      int before = base;
+      for (int w = 0; w < warp; ++w) before += s_cnt[w];
+      if (f) list[before + __popc(ballot & ((1u << lane) - 1u))] = uint32_t(b) | (f << 24);
+      for (int w = 0; w < kWarps; ++w) base += s_cnt[w];
+      __syncthreads();
+    }
+    n_union = base;
+  }
+  const int ntiles = it.sparse ? n_union * tpb : (pend + 31) / 32;
+  // Tile t: keys [k0, kend) and the mask of warps that use it.
+  auto tile_range = [&](int t, int& k0, int& kend, uint32_t& mask) {
+    if (it.sparse) {
+      const uint32_t e = list[t / tpb];
+      const int b = int(e & 0xFFFFFFu);
+      k0 = b * g.bs + 32 * (t % tpb);
+      kend = min(b * g.bs + g.bs, pend);
+      mask = e >> 24;
+    } else {
+      k0 = 32 * t;
+      kend = min(k0 + 32, pend);
+      mask = 0xFu;
+    }
+  };
+  auto issue = [&](int buf, int t) {
+    int k0, kend;
+    uint32_t mask;
+    tile_range(t, k0, kend, mask);
+    const uint32_t kt = sbase + buf * 2 * kTile, vt = kt + kTile;
+    for (int idx = tid; idx < 32 * CPR; idx += kWarps * 32) {
+      const int r = idx / CPR, c = idx % CPR;
+      const int j = k0 + r;
+      const bool ok = j < kend;
+      const int64_t row =
+          ok ? (layer_rows + int64_t(pages[j / g.bs]) * g.bs + j % g.bs) * row_w + int64_t(it.kvh) * D + c * 8 : 0;
+      cp_async16(kt + RowSwizzle<D>::offset(r, c), kpool + row, ok ? 16 : 0);
+      cp_async16(vt + RowSwizzle<D>::offset(r, c), vpool + row, ok ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[D / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+  const float sl2 = a.scale * kLog2e;
+  if (ntiles > 0) issue(0, 0);
+  for (int t = 0; t < ntiles; ++t) {
+    if (t + 1 < ntiles) {
+      issue((t + 1) & 1, t + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    int k0, kend;
+    uint32_t mask;
+    tile_range(t, k0, kend, mask);
+    if (k0 < kend && k0 <= wlast && (mask >> warp & 1u)) {
+      const uint32_t ktile = sbase + (t & 1) * 2 * kTile, vtile = ktile + kTile;
+      float sc[4][4];
+      qk_tile<D>(sc, qf, ktile, lane);
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = k0 + 8 * nt + 2 * t4 + e;
+            const float x = (j < kend && j <= prow[hr]) ? sc[nt][2 * hr + e] * sl2 : -INFINITY;
+            sc[nt][2 * hr + e] = x;
+            mx = fmaxf(mx, x);
+          }
+        mx = quad_max(mx);
+        const float mn = fmaxf(m[hr], mx);
+        const float mu = mn == -INFINITY ? 0.f : mn;
+        const float alpha = exp2f(m[hr] - mu);
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = exp2f(sc[nt][2 * hr + e] - mu);
+            sc[nt][2 * hr + e] = p;
+            sum += p;
+          }
+        l[hr] = l[hr] * alpha + sum;
+        m[hr] = mn;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; ++nd) {
+          o[nd][2 * hr] *= alpha;
+          o[nd][2 * hr + 1] *= alpha;
+        }
+      }
+      pv_tile<D>(o, sc, vtile, lane);
+    }
+    __syncthreads();
+  }
+  l[0] = quad_sum(l[0]);
+  l[1] = quad_sum(l[1]);
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    if (prow[hr] < 0) continue;
+    const int r = gq + 8 * hr;
+    const int64_t base = int64_t(it.row0 + wt0 + r / it.nheads) * a.ldo + int64_t(it.head0 + r % it.nheads) * D;
+    const float inv = 1.0f / l[hr];
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd) {
+      stf(a.out, a.dto, base + 8 * nd + 2 * t4, o[nd][2 * hr] * inv);
+      stf(a.out, a.dto, base + 8 * nd + 2 * t4 + 1, o[nd][2 * hr + 1] * inv);
+    }
+  }
+}
+
 // Merges the splits of one (unit, row): grid (units with splits, 16 rows), 256 threads. Thread
 // (split group, float4 column) reads every kSG-th split, so all loads are in flight at once.
 constexpr int kCombineThreads = 256;
@@ -268,12 +444,26 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(SparseArgs a) 
 template <int D>
 void attention_d(const SparseArgs& a, cudaStream_t st) {
   constexpr size_t smem = size_t(kWarps) * 4 * 32 * D * 2;
+  // Shared-tile kernel: K/V double buffer + (sparse) union list [4·kmax] + block flags [max_blocks].
+  const size_t smem_dense =
+      size_t(4) * 32 * D * 2 + (a.max_blocks > 0 ? size_t(4) * a.kmax * 4 + size_t(a.max_blocks) * 4 : 0);
   static bool attr = false;
+  static size_t dense_attr = 48 * 1024;
   if (!attr) {
     SALA_CUDA_CHECK(
         cudaFuncSetAttribute(attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr = true;
   }
+  if (smem_dense > dense_attr) {
+    SALA_CUDA_CHECK(cudaFuncSetAttribute(attention_dense_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(smem_dense)));
+    dense_attr = smem_dense;
+  }
+  if (a.n_dense_items > 0) {
+    attention_dense_kernel<D><<<unsigned(a.n_dense_items), kWarps * 32, smem_dense, st>>>(a);
+    SALA_CUDA_LAUNCH("attention dense kernel");
+  }
+  if (a.n_items <= 0) return;
   attention_kernel<D><<<unsigned(a.n_items), kWarps * 32, smem, st>>>(a);
   SALA_CUDA_LAUNCH("attention kernel");
   if (a.n_combine > 0) {
@@ -285,7 +475,7 @@ void attention_d(const SparseArgs& a, cudaStream_t st) {
 }  // namespace
 
 void launch_attention(const SparseArgs& a, cudaStream_t st) {
-  if (a.n_items <= 0) return;
+  if (a.n_items <= 0 && a.n_dense_items <= 0) return;
   switch (a.pool.d) {
     case 16: return attention_d<16>(a, st);
     case 32: return attention_d<32>(a, st);

@@ -146,6 +146,18 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
 }
+// Programmatic dependent launch (sm_90): wait until the preceding kernel's memory is visible.
+__device__ __forceinline__ void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#ifndef SALA_PRE_SM80
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+#endif
+}
+
 // Warp-wide integer sum (redux.sync on sm_80+).
 __device__ __forceinline__ int warp_sum_int(int v) {
 #ifdef SALA_PRE_SM80

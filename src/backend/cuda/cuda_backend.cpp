@@ -322,7 +322,7 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
   std::vector<int64_t> row_dst;
   std::vector<cuda::CompressJob> jobs;
   std::vector<cuda::SelItem> sel_items;
-  std::vector<cuda::AttnItem> items;
+  std::vector<cuda::AttnItem> items, dense_items;
   std::vector<int32_t> row_seen(size_t(N), 0);
   seqs.reserve(batch.seqs.size());
   if (sparse_caches) row_dst.assign(size_t(N), 0);
@@ -332,7 +332,7 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
   const int G = sparse_caches ? spec_.q_heads / kvh : 1;
   const int nheads = G <= 16 ? G : 16, subblocks = G <= 16 ? 1 : G / 16;
   const int tpu = G <= 16 ? 16 / G : 1;
-  int64_t cs_total = 0, keys_total = 0;
+  int64_t cs_total = 0, keys_total = 0, max_blocks = 0;
 
   for (size_t si = 0; si < batch.seqs.size(); ++si) {
     const SeqEntry& e = batch.seqs[si];
@@ -389,14 +389,28 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
           t_sel = t;
           break;
         }
-    for (int64_t t0 = 0; t0 < t_sel; t0 += tpu) {
-      const int64_t nt = std::min<int64_t>(tpu, t_sel - t0);
-      const int64_t pend = e.cached + t0 + nt;
-      for (int h = 0; h < kvh; ++h)
-        for (int sb = 0; sb < subblocks; ++sb)
-          items.push_back({int32_t(si), int32_t(e.start + t0), int32_t(nt), h, h * G + sb * 16, nheads,
-                           int32_t((pend + 31) / 32), 0, 0, 1, -1, -1});
+    if (t_sel >= 16) {
+      // Prefill-like: CTAs of 4 warps × tpu tokens sharing each K/V tile.
+      for (int64_t t0 = 0; t0 < t_sel; t0 += 4 * tpu) {
+        const int64_t nt = std::min<int64_t>(4 * tpu, t_sel - t0);
+        const int64_t pend = e.cached + t0 + nt;
+        for (int h = 0; h < kvh; ++h)
+          for (int sb = 0; sb < subblocks; ++sb)
+            dense_items.push_back({int32_t(si), int32_t(e.start + t0), int32_t(nt), h, h * G + sb * 16, nheads,
+                                   int32_t((pend + 31) / 32), 0, 0, 1, -1, -1, tpu});
+      }
+    } else {
+      // Decode-like: one 16-row unit per warp-group item, split along the keys below.
+      for (int64_t t0 = 0; t0 < t_sel; t0 += tpu) {
+        const int64_t nt = std::min<int64_t>(tpu, t_sel - t0);
+        const int64_t pend = e.cached + t0 + nt;
+        for (int h = 0; h < kvh; ++h)
+          for (int sb = 0; sb < subblocks; ++sb)
+            items.push_back({int32_t(si), int32_t(e.start + t0), int32_t(nt), h, h * G + sb * 16, nheads,
+                             int32_t((pend + 31) / 32), 0, 0, 1, -1, -1, tpu});
+      }
     }
+    const int32_t first_sel = int32_t(sel_items.size());
     for (int64_t t = t_sel; t < e.n_new; ++t) {
       const int64_t p = e.cached + t, qb = p / bs;
       cuda::SelItem s{};
@@ -411,12 +425,29 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
       s.key_off = keys_total;
       cs_total += int64_t(kvh) * s.ncol;
       keys_total += int64_t(kvh) * (qb + 1);
-      const int32_t sel_idx = int32_t(sel_items.size());
       sel_items.push_back(s);
-      for (int h = 0; h < kvh; ++h)
-        for (int sb = 0; sb < subblocks; ++sb)
-          items.push_back({int32_t(si), int32_t(e.start + t), 1, h, h * G + sb * 16, nheads, int32_t(K), 1, 0, 1, -1,
-                           sel_idx});
+    }
+    const int64_t n_sparse = e.n_new - t_sel;
+    // Shared tiles pay off while the 4 tokens' union of blocks stays small; with uncorrelated
+    // selections (random data) the union grows with the context and per-warp items win beyond
+    // ~2·K blocks (measured, docs/cuda-backend.md). Knob: set_sparse_shared_max_blocks.
+    const int64_t shared_max = sparse_shared_max_blocks_ >= 0 ? sparse_shared_max_blocks_ : 2 * K;
+    if (n_sparse >= 4 && geo.n_blocks(T) <= std::min<int64_t>(shared_max, 40000)) {
+      // Prefill-like: 4 consecutive tokens per CTA (one per warp) over the union of their blocks.
+      max_blocks = std::max(max_blocks, geo.n_blocks(T));
+      for (int64_t t0 = t_sel; t0 < e.n_new; t0 += 4) {
+        const int64_t nt = std::min<int64_t>(4, e.n_new - t0);
+        for (int h = 0; h < kvh; ++h)
+          for (int sb = 0; sb < subblocks; ++sb)
+            dense_items.push_back({int32_t(si), int32_t(e.start + t0), int32_t(nt), h, h * G + sb * 16, nheads,
+                                   int32_t(K), 1, 0, 1, -1, first_sel + int32_t(t0 - t_sel), 1});
+      }
+    } else {
+      for (int64_t t = t_sel; t < e.n_new; ++t)
+        for (int h = 0; h < kvh; ++h)
+          for (int sb = 0; sb < subblocks; ++sb)
+            items.push_back({int32_t(si), int32_t(e.start + t), 1, h, h * G + sb * 16, nheads, int32_t(K), 1, 0, 1,
+                             -1, first_sel + int32_t(t - t_sel), 1});
     }
   }
   rows_covered_ = std::all_of(row_seen.begin(), row_seen.end(), [](int32_t x) { return x != 0; });
@@ -464,6 +495,7 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
   const size_t o_chk = place(chunk_list.size() * 4), o_jobs = place(jobs.size() * sizeof(cuda::CompressJob));
   const size_t o_sel = place(sel_items.size() * sizeof(cuda::SelItem));
   const size_t o_items = place(items.size() * sizeof(cuda::AttnItem)), o_comb = place(combine.size() * 4);
+  const size_t o_dense = place(dense_items.size() * sizeof(cuda::AttnItem));
   const size_t total = std::max<size_t>(off, 256);
   HostStage& stage = stage_[stage_i_];
   stage_i_ ^= 1;
@@ -482,6 +514,7 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
   put(o_sel, sel_items.data(), sel_items.size() * sizeof(cuda::SelItem));
   put(o_items, items.data(), items.size() * sizeof(cuda::AttnItem));
   put(o_comb, combine.data(), combine.size() * 4);
+  put(o_dense, dense_items.data(), dense_items.size() * sizeof(cuda::AttnItem));
   auto* d = static_cast<uint8_t*>(meta_.reserve(total));
   SALA_CUDA_CHECK(cudaMemcpyAsync(d, h, off, cudaMemcpyHostToDevice, stream_));
   stage.copied(stream_);
@@ -496,6 +529,9 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
   d_sel_items_ = reinterpret_cast<cuda::SelItem*>(d + o_sel);
   d_items_ = reinterpret_cast<cuda::AttnItem*>(d + o_items);
   d_combine_ = reinterpret_cast<int32_t*>(d + o_comb);
+  d_dense_items_ = reinterpret_cast<cuda::AttnItem*>(d + o_dense);
+  n_dense_items_ = int(dense_items.size());
+  max_blocks_ = int32_t(max_blocks);
   n_seqs_ = int(seqs.size());
   n_rec_ = int(rec_list.size());
   n_chunked_ = int(chunk_list.size());
@@ -535,7 +571,7 @@ void CudaBackend::matmul(const Mat& x, const Weight& w, Mat y) {
   if (x.rows == 0) return;
   if (use_gemv_ && x.rows <= 8) {
     cuda::launch_gemv(x.data, dt_of(x.dtype, "matmul"), x.cols, w.w.data, w.out(), w.in(), y.data,
-                      dt_of(y.dtype, "matmul"), y.cols, int(x.rows), stream_);
+                      dt_of(y.dtype, "matmul"), y.cols, int(x.rows), gemv_mode_, pdl_ && props_.major >= 9, stream_);
     return;
   }
   gemm_cublas(x, w, y);
@@ -700,6 +736,8 @@ void CudaBackend::sparse_attention(int layer, const Mat& q, const Mat& k, const 
   a.partial = static_cast<float*>(partial_.data());
   a.partial_ml = static_cast<float*>(partial_ml_.data());
   a.combine_items = d_combine_, a.n_combine = n_combine_;
+  a.dense_items = d_dense_items_, a.n_dense_items = n_dense_items_;
+  a.max_blocks = max_blocks_;
   cuda::launch_select(a, stream_);
   cuda::launch_attention(a, stream_);
 }

@@ -102,6 +102,13 @@ class CudaBackend final : public Backend {
   std::vector<float> debug_pool(int which);
   // Forces small-N products through cuBLAS (false) or allows the GEMV kernel (true, default).
   void set_use_gemv(bool on) { use_gemv_ = on; }
+  // GEMV variant (benchmarks): 0 automatic, 1 FMA, 2 tensor cores 4 warps, 3 tensor cores 16 warps.
+  void set_gemv_mode(int mode) { gemv_mode_ = mode; }
+  // Programmatic dependent launch of the GEMV kernels (default on for sm_90+).
+  void set_pdl(bool on) { pdl_ = on; }
+  // Largest context (in blocks) for which InfLLM-v2 prefill rows use the shared-tile kernel
+  // (4 tokens per CTA over the union of their blocks); -1: automatic (2 × the block budget).
+  void set_sparse_shared_max_blocks(int64_t blocks) { sparse_shared_max_blocks_ = blocks; }
 
  private:
   void gemm_cublas(const Mat& x, const Weight& w, Mat y);
@@ -113,6 +120,9 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   void* cublas_ws_ = nullptr;
   bool use_gemv_ = true;
+  int gemv_mode_ = 0;
+  bool pdl_ = true;
+  int64_t sparse_shared_max_blocks_ = -1;
 
   // Caches.
   CacheSpec spec_;
@@ -145,6 +155,9 @@ class CudaBackend final : public Backend {
   cuda::SelItem* d_sel_items_ = nullptr;
   cuda::AttnItem* d_items_ = nullptr;
   int32_t* d_combine_ = nullptr;
+  cuda::AttnItem* d_dense_items_ = nullptr;
+  int n_dense_items_ = 0;
+  int32_t max_blocks_ = 0;
   int n_seqs_ = 0, n_rec_ = 0, n_chunked_ = 0, n_jobs_ = 0, n_sel_ = 0, n_items_ = 0, n_combine_ = 0;
   bool rows_covered_ = false;
 

@@ -59,6 +59,13 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const XT* __restrict_
 
   const int64_t pieces = in / 8;
   constexpr int kStride = kWarps * 32;
+  // Weights never depend on earlier kernels: start pulling them before the dependency wait.
+#pragma unroll
+  for (int u = 0; u < 2; ++u)
+    if (tid + u * kStride < pieces)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) prefetch_l2(reinterpret_cast<const uint4*>(wr[r]) + tid + u * kStride);
+  grid_dep_wait();
   int64_t p = tid;
   // Two pieces per iteration: 2·kRows independent 16-byte weight loads in flight per thread.
   for (; p + kStride < pieces; p += 2 * kStride) {
@@ -119,11 +126,11 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const XT* __restrict_
 
 constexpr int kMmaU = 8;  // k blocks of 32 in flight per lane and iteration
 
-template <typename YT>
-__global__ void __launch_bounds__(128) gemv_mma_kernel(const bf16* __restrict__ x, int64_t ldx,
+template <typename YT, int W>
+__global__ void __launch_bounds__(W * 32) gemv_mma_kernel(const bf16* __restrict__ x, int64_t ldx,
                                                        const bf16* __restrict__ w, int64_t out, int64_t in,
                                                        YT* __restrict__ y, int64_t ldy, int N) {
-  __shared__ float red[4][16][8];
+  __shared__ float red[W][16][8];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t r0 = int64_t(blockIdx.x) * 16;
   const int64_t ra = min(r0 + g, out - 1), rb = min(r0 + g + 8, out - 1);
@@ -135,13 +142,21 @@ __global__ void __launch_bounds__(128) gemv_mma_kernel(const bf16* __restrict__ 
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   const int nblk = int(in / 32);
   int b = warp;
-  for (; b + 4 * (kMmaU - 1) < nblk; b += 4 * kMmaU) {
+  // Weights never depend on earlier kernels: start pulling them before the dependency wait.
+#pragma unroll
+  for (int u = 0; u < kMmaU; ++u)
+    if (b + W * u < nblk) {
+      prefetch_l2(wa + 4 * (b + W * u));
+      prefetch_l2(wb + 4 * (b + W * u));
+    }
+  grid_dep_wait();
+  for (; b + W * (kMmaU - 1) < nblk; b += W * kMmaU) {
     uint4 A[kMmaU], B[kMmaU], X[kMmaU];
 #pragma unroll
     for (int u = 0; u < kMmaU; ++u) {
-      A[u] = __ldg(wa + 4 * (b + 4 * u));
-      B[u] = __ldg(wb + 4 * (b + 4 * u));
-      X[u] = xv ? xr[4 * (b + 4 * u)] : zero;
+      A[u] = __ldg(wa + 4 * (b + W * u));
+      B[u] = __ldg(wb + 4 * (b + W * u));
+      X[u] = xv ? xr[4 * (b + W * u)] : zero;
     }
 #pragma unroll
     for (int u = 0; u < kMmaU; ++u) {
@@ -151,7 +166,7 @@ __global__ void __launch_bounds__(128) gemv_mma_kernel(const bf16* __restrict__ 
       mma16816(c, a1, X[u].z, X[u].w);
     }
   }
-  for (; b < nblk; b += 4) {
+  for (; b < nblk; b += W) {
     const uint4 A = __ldg(wa + 4 * b), B = __ldg(wb + 4 * b), X = xv ? xr[4 * b] : zero;
     const uint32_t a0[4] = {A.x, B.x, A.y, B.y};
     const uint32_t a1[4] = {A.z, B.z, A.w, B.w};
@@ -163,10 +178,14 @@ __global__ void __launch_bounds__(128) gemv_mma_kernel(const bf16* __restrict__ 
   red[warp][g + 8][2 * t] = c[2];
   red[warp][g + 8][2 * t + 1] = c[3];
   __syncthreads();
-  const int row = threadIdx.x / 8, n = threadIdx.x % 8;
-  if (n < N && r0 + row < out) {
-    const float v = red[0][row][n] + red[1][row][n] + red[2][row][n] + red[3][row][n];
-    store_y<YT>(y + n * ldy + r0 + row, v);
+  if (threadIdx.x < 128) {
+    const int row = threadIdx.x / 8, n = threadIdx.x % 8;
+    if (n < N && r0 + row < out) {
+      float v = 0.f;
+#pragma unroll
+      for (int i = 0; i < W; ++i) v += red[i][row][n];
+      store_y<YT>(y + n * ldy + r0 + row, v);
+    }
   }
 }
 
@@ -191,8 +210,8 @@ template <int N, typename XT, typename YT>
 void launch_n(const void* x, int64_t ldx, const void* w, int64_t out, int64_t in, void* y, int64_t ldy,
               cudaStream_t st) {
   const unsigned blocks = unsigned((out + kRows - 1) / kRows);
-  gemv_kernel<N, XT, YT><<<blocks, kWarps * 32, 0, st>>>(static_cast<const XT*>(x), ldx, static_cast<const bf16*>(w),
-                                                         out, in, static_cast<YT*>(y), ldy);
+  launch_k(gemv_kernel<N, XT, YT>, blocks, kWarps * 32, st, static_cast<const XT*>(x), ldx, static_cast<const bf16*>(w),
+           out, in, static_cast<YT*>(y), ldy);
 }
 
 template <typename XT, typename YT>
@@ -212,23 +231,55 @@ void launch_t(int N, const void* x, int64_t ldx, const void* w, int64_t out, int
 
 bool al16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+bool g_pdl = false;  // set per launch_gemv call (single stream, host thread)
+
+// Launch with programmatic stream serialization when g_pdl (the kernel waits in grid_dep_wait).
+template <typename... KArgs, typename... Args>
+void launch_k(void (*kernel)(KArgs...), unsigned blocks, unsigned threads, cudaStream_t st, Args... args) {
+  if (!g_pdl) {
+    kernel<<<blocks, threads, 0, st>>>(args...);
+    return;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  SALA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
+}
+
 }  // namespace
 
 void launch_gemv(const void* x, Dt dtx, int64_t ldx, const void* w, int64_t out, int64_t in, void* y, Dt dty,
-                 int64_t ldy, int N, cudaStream_t st) {
+                 int64_t ldy, int N, int mode, bool pdl, cudaStream_t st) {
+  g_pdl = pdl;
   if (N <= 0 || out <= 0) return;
   SALA_CUDA_REQUIRE(N <= 8, "gemv: at most 8 rows");
   const size_t xes = dtx == kF32 ? 4 : 2;
   const bool fast = (dtx == kBF16 || dtx == kF32) && (dty == kBF16 || dty == kF32) && in % 8 == 0 && al16(x) &&
                     al16(w) && (ldx * int64_t(xes)) % 16 == 0;
-  if (fast && dtx == kBF16 && in % 32 == 0 && (ldx * 2) % 16 == 0) {
+  // Mode (set_gemv_mode): 0 auto, 1 FMA kernel, 2 tensor cores with 4 warps, 3 with 16 warps.
+  const bool mma_ok = fast && dtx == kBF16 && in % 32 == 0 && (ldx * 2) % 16 == 0;
+  int m = mode;
+  // Measured on H200 (docs/cuda-backend.md): FMA best at N ≤ 2 (69-100% of copy bandwidth); tensor
+  // cores at N ≥ 3, 16 warps per CTA when there are few 16-row CTAs (out ≤ 8192), else 4.
+  if (m == 0) m = N <= 2 ? 1 : out <= 8192 ? 3 : 2;
+  if (mma_ok && m >= 2) {
     const unsigned blocks = unsigned((out + 15) / 16);
-    if (dty == kBF16)
-      gemv_mma_kernel<bf16><<<blocks, 128, 0, st>>>(static_cast<const bf16*>(x), ldx, static_cast<const bf16*>(w), out,
-                                                    in, static_cast<bf16*>(y), ldy, N);
-    else
-      gemv_mma_kernel<float><<<blocks, 128, 0, st>>>(static_cast<const bf16*>(x), ldx, static_cast<const bf16*>(w),
-                                                     out, in, static_cast<float*>(y), ldy, N);
+    auto xb = static_cast<const bf16*>(x);
+    auto wb = static_cast<const bf16*>(w);
+    if (m == 3) {
+      if (dty == kBF16) launch_k(gemv_mma_kernel<bf16, 16>, blocks, 512, st, xb, ldx, wb, out, in, static_cast<bf16*>(y), ldy, N);
+      else launch_k(gemv_mma_kernel<float, 16>, blocks, 512, st, xb, ldx, wb, out, in, static_cast<float*>(y), ldy, N);
+    } else {
+      if (dty == kBF16) launch_k(gemv_mma_kernel<bf16, 4>, blocks, 128, st, xb, ldx, wb, out, in, static_cast<bf16*>(y), ldy, N);
+      else launch_k(gemv_mma_kernel<float, 4>, blocks, 128, st, xb, ldx, wb, out, in, static_cast<float*>(y), ldy, N);
+    }
   } else if (fast) {
     if (dtx == kBF16 && dty == kBF16) launch_t<bf16, bf16>(N, x, ldx, w, out, in, y, ldy, st);
     else if (dtx == kBF16) launch_t<bf16, float>(N, x, ldx, w, out, in, y, ldy, st);

@@ -25,6 +25,7 @@ struct AttnItem {
   int32_t seq, row0, ntok, kvh;
   int32_t head0, nheads, nchunks, sparse;
   int32_t split, nsplit, part, sel_item;  // part: first partial slot of this unit (-1: no split)
+  int32_t tpu, pad[3];                    // tokens per warp (shared-tile dense kernel)
 };
 
 // One (token row, all KV heads) that needs InfLLM-v2 block selection.
@@ -73,8 +74,11 @@ void launch_random_bf16(void* dst, int64_t n, float mean, float std, uint64_t se
 
 // ---- matrix products (gemv.cu; the large case is cuBLAS in cuda_backend.cpp) ----
 // y[n, o] = Σ_i x[n, i] · W[o, i] for n < N ≤ 8; W bf16 [out, in] row-major.
+// mode: 0 automatic, 1 FMA kernel, 2 tensor-core kernel (4 warps/CTA), 3 tensor-core (16 warps).
+// pdl: launch with programmatic dependent launch (sm_90): the kernel prefetches its weights into L2
+// before waiting for the previous kernel's outputs.
 void launch_gemv(const void* x, Dt dtx, int64_t ldx, const void* w, int64_t out, int64_t in, void* y, Dt dty,
-                 int64_t ldy, int N, cudaStream_t st);
+                 int64_t ldy, int N, int mode, bool pdl, cudaStream_t st);
 
 // ---- lightning (gla.cu) ----
 struct GlaArgs {
@@ -123,6 +127,10 @@ struct SparseArgs {
   float* partial_ml;        // [slot][16][2] (max, sum) in the log2 domain
   const int32_t* combine_items;  // indices of items with split == 0 and nsplit > 1
   int32_t n_combine;
+  // dense prefill: CTA = 4 warps = 4 consecutive token groups sharing every K/V tile
+  const AttnItem* dense_items;
+  int32_t n_dense_items;
+  int32_t max_blocks;       // blocks of the longest sequence with sparse shared-tile items (0: none)
 };
 void launch_append_kv(const PoolGeom& pool, int layer, const void* k, const void* v, Dt dt, int64_t ldk, int64_t ldv,
                       const int64_t* row_dst, int64_t n_rows, cudaStream_t st);
