@@ -218,7 +218,7 @@ void gla_recurrent(float* __restrict S, int d, float gamma, float s, int64_t n, 
         store8(Sa, x0);
         store8(Sa + 8, x1);
         o0 += qa * x0;
-        o1 += qa * x1;
+        o1 += qa * x0;
       }
       store8(ot + b0, s * o0);
       store8(ot + b0 + 8, s * o1);

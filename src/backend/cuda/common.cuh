@@ -76,7 +76,8 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32
 #ifdef SALA_PRE_SM80
   __trap();
 #else
-  asm volatile(
+  // Not volatile: a pure function of its operands, so the compiler may hoist loads above it.
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cpu/sparse_select.h"
@@ -126,6 +127,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   SALA_CUDA_CHECK(cudaMalloc(&cublas_ws_, kCublasWorkspace));
   SALA_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace));
   SALA_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+  // SALA_CUDA_PDL=0 turns programmatic dependent launch off (A/B measurements).
+  if (const char* e = std::getenv("SALA_CUDA_PDL")) pdl_ = std::string(e) != "0";
 }
 
 CudaBackend::~CudaBackend() {

@@ -206,29 +206,6 @@ __global__ void gemv_generic(const void* x, int dtx, int64_t ldx, const bf16* w,
   }
 }
 
-template <int N, typename XT, typename YT>
-void launch_n(const void* x, int64_t ldx, const void* w, int64_t out, int64_t in, void* y, int64_t ldy,
-              cudaStream_t st) {
-  const unsigned blocks = unsigned((out + kRows - 1) / kRows);
-  launch_k(gemv_kernel<N, XT, YT>, blocks, kWarps * 32, st, static_cast<const XT*>(x), ldx, static_cast<const bf16*>(w),
-           out, in, static_cast<YT*>(y), ldy);
-}
-
-template <typename XT, typename YT>
-void launch_t(int N, const void* x, int64_t ldx, const void* w, int64_t out, int64_t in, void* y, int64_t ldy,
-              cudaStream_t st) {
-  switch (N) {
-    case 1: return launch_n<1, XT, YT>(x, ldx, w, out, in, y, ldy, st);
-    case 2: return launch_n<2, XT, YT>(x, ldx, w, out, in, y, ldy, st);
-    case 3: return launch_n<3, XT, YT>(x, ldx, w, out, in, y, ldy, st);
-    case 4: return launch_n<4, XT, YT>(x, ldx, w, out, in, y, ldy, st);
-    case 5: return launch_n<5, XT, YT>(x, ldx, w, out, in, y, ldy, st);
-    case 6: return launch_n<6, XT, YT>(x, ldx, w, out, in, y, ldy, st);
-    case 7: return launch_n<7, XT, YT>(x, ldx, w, out, in, y, ldy, st);
-    default: return launch_n<8, XT, YT>(x, ldx, w, out, in, y, ldy, st);
-  }
-}
-
 bool al16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 bool g_pdl = false;  // set per launch_gemv call (single stream, host thread)
@@ -251,6 +228,29 @@ void launch_k(void (*kernel)(KArgs...), unsigned blocks, unsigned threads, cudaS
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   SALA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
+}
+
+template <int N, typename XT, typename YT>
+void launch_n(const void* x, int64_t ldx, const void* w, int64_t out, int64_t in, void* y, int64_t ldy,
+              cudaStream_t st) {
+  const unsigned blocks = unsigned((out + kRows - 1) / kRows);
+  launch_k(gemv_kernel<N, XT, YT>, blocks, kWarps * 32, st, static_cast<const XT*>(x), ldx, static_cast<const bf16*>(w),
+           out, in, static_cast<YT*>(y), ldy);
+}
+
+template <typename XT, typename YT>
+void launch_t(int N, const void* x, int64_t ldx, const void* w, int64_t out, int64_t in, void* y, int64_t ldy,
+              cudaStream_t st) {
+  switch (N) {
+    case 1: return launch_n<1, XT, YT>(x, ldx, w, out, in, y, ldy, st);
+    case 2: return launch_n<2, XT, YT>(x, ldx, w, out, in, y, ldy, st);
+    case 3: return launch_n<3, XT, YT>(x, ldx, w, out, in, y, ldy, st);
+    case 4: return launch_n<4, XT, YT>(x, ldx, w, out, in, y, ldy, st);
+    case 5: return launch_n<5, XT, YT>(x, ldx, w, out, in, y, ldy, st);
+    case 6: return launch_n<6, XT, YT>(x, ldx, w, out, in, y, ldy, st);
+    case 7: return launch_n<7, XT, YT>(x, ldx, w, out, in, y, ldy, st);
+    default: return launch_n<8, XT, YT>(x, ldx, w, out, in, y, ldy, st);
+  }
 }
 
 }  // namespace
