@@ -148,7 +148,7 @@ std::optional<int32_t> BpeModel::find(std::string_view piece) const {
   return it->second;
 }
 
-int32_t BpeModel::char_id(std::string_view s, size_t i, size_t n) const {
+int32_t BpeModel::char_id(std::string_view s, size_t i) const {
   size_t j = i;
   uint32_t cp = utf8::next(s, j);
   if (cp < kDenseChars) return char_ids_[cp];
@@ -172,7 +172,7 @@ void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out, Workspa
   size_t unk_len = 0;
   for (size_t i = 0; i < w.size();) {
     size_t n = std::max<size_t>(1, utf8::char_length(w, i));  // input is valid UTF-8; never stall
-    int32_t id = char_id(w, i, n);
+    int32_t id = char_id(w, i);
     if (id >= 0) {
       if (have_unk) add(unk_id_, unk_len), have_unk = false;
       add(id, n);

@@ -68,7 +68,7 @@ class BpeModel {
       i = (i + 1) & merge_mask_;
     }
   }
-  int32_t char_id(std::string_view s, size_t i, size_t n) const;
+  int32_t char_id(std::string_view s, size_t i) const;  // id of the one-character piece at s[i], -1 if none
   void merge_word(std::string_view word, std::vector<int32_t>& out, Workspace& ws) const;
 
   std::vector<std::string> pieces_;

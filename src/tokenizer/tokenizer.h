@@ -13,6 +13,7 @@
 //
 // Input text that is not valid UTF-8 is repaired first: every maximal ill-formed subpart becomes
 // one U+FFFD (HF only accepts valid strings, so this is the engine's decision).
+// A loaded Tokenizer is immutable: its const methods may be called from several threads.
 #pragma once
 #include <nlohmann/json_fwd.hpp>
 

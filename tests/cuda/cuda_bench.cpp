@@ -195,7 +195,7 @@ int run_bench(int argc, char** argv) {
       add({"gla decode (recurrent) B=" + std::to_string(B) + " 32x128x128", us, bytes / (us * 1e-6) / 1e9,
            4.0 * B * 32 * 128 * 128 / (us * 1e-6) / 1e12, bytes / (us * 1e-6) / 1e9 / bw});
     }
-    for (int L : {512, 2048}) {
+    for (int L : {512, 4096}) {
       BatchInfo b;
       SeqEntry e;
       e.slot = 0, e.start = 0, e.n_new = L, e.cached = 0;
@@ -209,10 +209,14 @@ int run_bench(int argc, char** argv) {
       Mat o = Mat{static_cast<uint8_t*>(qb->data()) + size_t(L) * 4096 * 6, DType::BF16, L, 4096};
       auto h = host_rand(size_t(L) * 4096, 0.1f, 2);
       be.upload(q, h.data()), be.upload(k, h.data()), be.upload(v, h.data());
-      const double us = time_us(be, 3, [&](int) { be.lightning_attention(0, q, k, v, o); });
-      const double flops = double(L) / 64 * 32 * (4.0 * 64 * 128 * 128 + 2.0 * 64 * 64 * 128);
-      add({"gla prefill (chunked) L=" + std::to_string(L), us, 0, flops / (us * 1e-6) / 1e12,
-           flops / (us * 1e-6) / 1e12 / 60.0});
+      for (bool fma : {false, true}) {
+        be.set_gla_fma(fma);
+        const double us = time_us(be, 3, [&](int) { be.lightning_attention(0, q, k, v, o); });
+        const double flops = double(L) / 64 * 32 * (4.0 * 64 * 128 * 128 + 2.0 * 64 * 64 * 128);
+        add({std::string("gla prefill (chunked, ") + (fma ? "fp32 FMA" : "mma hi/lo") + ") L=" + std::to_string(L), us,
+             0, flops / (us * 1e-6) / 1e12, flops / (us * 1e-6) / 1e12 / std::max(gemm_peak, 1.0)});
+      }
+      be.set_gla_fma(false);
     }
   }
 

@@ -304,11 +304,14 @@ void test_rows_ops(Ctx& C, Rng& r) {
     double e = rel_err(C.gget(og), C.cget(oc));
     check(e < 1e-2, strf("embed width %lld", (long long)cols), strf("rel %.2e", e));
     std::vector<int64_t> idx = {12, 0, 5, 5, 7};
-    Mat gc = C.cmat(5, cols), gg = C.gmat(DType::BF16, 5, cols);
+    if (cols == 36)  // more rows than travel inline in the kernel parameters
+      for (int i = 0; i < 300; ++i) idx.push_back(r.uniform(0, rows - 1));
+    const int64_t ng = int64_t(idx.size());
+    Mat gc = C.cmat(ng, cols), gg = C.gmat(DType::BF16, ng, cols);
     C.cpu.gather_rows(oc, idx, gc);
     C.gpu.gather_rows(og, idx, gg);
     e = rel_err(C.gget(gg), C.cget(gc));
-    check(e < 1e-2, strf("gather_rows width %lld", (long long)cols), strf("rel %.2e", e));
+    check(e < 1e-2, strf("gather_rows %lld rows width %lld", (long long)ng, (long long)cols), strf("rel %.2e", e));
     C.keep.clear();
   }
 }
@@ -323,8 +326,10 @@ std::vector<float> slopes_log_decay(int H) {
 void test_lightning(Ctx& C, Rng& r) {
   struct Geo {
     int H, Hkv, d;
+    bool fma;  // chunked prefill through the fp32 FMA kernel instead of tensor cores
   };
-  for (Geo geo : {Geo{4, 4, 16}, Geo{4, 2, 64}, Geo{32, 32, 128}}) {
+  for (Geo geo : {Geo{4, 4, 16, false}, Geo{4, 2, 64, false}, Geo{32, 32, 128, false}, Geo{32, 32, 128, true}}) {
+    C.gpu.set_gla_fma(geo.fma);
     CacheSpec spec;
     spec.lightning_layers = 2;
     spec.lightning_heads = geo.H;
@@ -374,7 +379,7 @@ void test_lightning(Ctx& C, Rng& r) {
       worst_out = std::max(worst_out, e);
       all_ok &= e < 2e-2;
       check(e < 2e-2,
-            strf("lightning H%d/%d d%d call %zu (%lld,%lld,%lld)", geo.H, geo.Hkv, geo.d, ci,
+            strf("lightning%s H%d/%d d%d call %zu (%lld,%lld,%lld)", geo.fma ? "(fma)" : "", geo.H, geo.Hkv, geo.d, ci,
                  (long long)calls[ci][0], (long long)calls[ci][1], (long long)calls[ci][2]),
             strf("rel %.2e", e));
       for (int si = 0; si < 3; ++si) len[size_t(si)] += calls[ci][size_t(si)];
@@ -389,7 +394,8 @@ void test_lightning(Ctx& C, Rng& r) {
       std::vector<float> sc(C.cpu.state(s, 1), C.cpu.state(s, 1) + sf);
       worst = std::max(worst, rel_err(sg, sc));
     }
-    check(worst < 1e-4, strf("lightning H%d/%d d%d states", geo.H, geo.Hkv, geo.d), strf("rel %.2e", worst));
+    check(worst < 1e-4, strf("lightning%s H%d/%d d%d states", geo.fma ? "(fma)" : "", geo.H, geo.Hkv, geo.d),
+          strf("rel %.2e", worst));
     // Layer 0 untouched.
     C.gpu.download_state(2, 0, sg.data());
     check(std::all_of(sg.begin(), sg.end(), [](float x) { return x == 0.f; }),
@@ -404,6 +410,7 @@ void test_lightning(Ctx& C, Rng& r) {
     const bool zero = std::all_of(sg.begin(), sg.end(), [](float x) { return x == 0.f; });
     check(ec < 1e-4 && zero, strf("lightning d%d copy_state/reset_state", geo.d), strf("rel %.2e", ec));
   }
+  C.gpu.set_gla_fma(false);
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -395,6 +395,31 @@ TEST(TinyTokenizer, AddedTokenFlags) {
   EXPECT_FALSE(has("hotdog", 403));
 }
 
+TEST(Tokenizer, UnknownCharactersWithoutByteFallback) {
+  auto j = make_tiny_tokenizer_json(300);
+  j["model"]["byte_fallback"] = false;
+  auto fused = Tokenizer::from_json(j);
+  EXPECT_EQ(pieces(fused, fused.encode("中文e", false)), (std::vector<std::string>{"▁", "<unk>", "e"}));
+  j["model"]["fuse_unk"] = false;
+  auto separate = Tokenizer::from_json(j);
+  EXPECT_EQ(pieces(separate, separate.encode("中文e", false)), (std::vector<std::string>{"▁", "<unk>", "<unk>", "e"}));
+  j["model"]["unk_token"] = nullptr;  // no unk token: HF drops the character
+  auto dropped = Tokenizer::from_json(j);
+  EXPECT_EQ(pieces(dropped, dropped.encode("中e", false)), (std::vector<std::string>{"▁", "e"}));
+  j["model"]["unk_token"] = "<nope>";
+  expect_error([&] { Tokenizer::from_json(j); }, "<nope>");
+}
+
+TEST(Tokenizer, IgnoreMergesTakesWholePieces) {
+  auto j = make_tiny_tokenizer_json(1000);
+  auto plain = Tokenizer::from_json(j);
+  j["model"]["ignore_merges"] = true;
+  j["model"]["vocab"]["▁xyzzy"] = 1000;  // a piece no merge sequence reaches
+  auto t = Tokenizer::from_json(j);
+  EXPECT_EQ(t.encode("xyzzy", false), std::vector<int32_t>{1000});
+  EXPECT_GT(plain.encode("xyzzy", false).size(), 1u);
+}
+
 TEST(Tokenizer, UnsupportedComponentsAreRejected) {
   auto base = make_tiny_tokenizer_json(300);
   auto with = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& needle) {

@@ -25,14 +25,16 @@
 //   Scores use 2-head x 4-key register tiles, P·V a 4-head x 16-column tile over 64-key blocks.
 // Scratch is allocated once per thread piece, never per token. Outputs must not alias inputs.
 //
-// Measured (one core of the 2-core dev box, AMD EPYC, AVX2 clone, CPU time): dense decode over
-// 4096 keys with 32 q / 2 kv heads of 128: 2.9–3.2 ms (≈ 22 GFLOP/s, ~25% of the no-FMA AVX2
-// peak; the P·V loads of scattered page rows dominate); lightning 32 x 128 heads: 0.085 ms per
-// token in prefill (either form, ≈ 25 GFLOP/s), 0.11–0.3 ms for a decode step (state traffic).
+// Measured (one core of the 2-core dev box, AMD EPYC, CPU time; AVX2 path / SSE baseline path):
+// dense decode over 4096 keys with 32 q / 2 kv heads of 128: 2.9–3.5 ms (≈ 20 GFLOP/s, ~25% of
+// the no-FMA AVX2 peak; the P·V loads of scattered page rows dominate) / 5.0 ms; lightning
+// 32 x 128 heads: 0.085–0.095 ms per token in prefill (either form, ≈ 23 GFLOP/s) / 0.16–0.2 ms,
+// 0.11–0.3 ms for a decode step (state traffic). The two paths give bit-identical results.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -48,17 +50,8 @@ float* f32_data(const Mat& m, const char* what) {
   return static_cast<float*>(m.data);
 }
 
-// The hot kernels are compiled twice (AVX2 and baseline x86-64) and picked at load time. No FMA
-// and no reassociation: both clones do the same f32 operations in the same order, so they agree
-// bit for bit (only libm's exp/log may differ in the last bit between CPUs).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SALA_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define SALA_SIMD_CLONES
-#endif
-
 // Dot product with 8 independent partial sums (vectorises without -ffast-math).
-inline float dot(const float* __restrict a, const float* __restrict b, int n) {
+[[gnu::always_inline]] inline float dot(const float* __restrict a, const float* __restrict b, int n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int i = 0;
   for (; i + 8 <= n; i += 8)
@@ -69,7 +62,7 @@ inline float dot(const float* __restrict a, const float* __restrict b, int n) {
 }
 
 // y += a·x
-inline void axpy(float a, const float* __restrict x, float* __restrict y, int n) {
+[[gnu::always_inline]] inline void axpy(float a, const float* __restrict x, float* __restrict y, int n) {
   for (int i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
@@ -82,40 +75,52 @@ struct Rows {
   const float* operator[](int64_t t) const { return base + t * stride; }
 };
 
-// 8-float vectors (GCC vector extension): one AVX register in the AVX2 clone, two SSE registers
-// in the baseline clone. Element-wise arithmetic only, so both clones compute the same values.
+// ---- SIMD ----
+// The kernels below are templates on the vector width W (floats): W = 8 (AVX, compiled inside
+// target("avx2") wrappers and chosen at run time when the CPU has AVX2) or W = 4 (SSE / NEON,
+// the baseline). GCC vector extensions, element-wise arithmetic only, no FMA, no reassociation:
+// both widths do the same f32 operations in the same order (the dot products keep 8 lanes in
+// both), so the two paths agree bit for bit; only libm's exp/log may differ between CPUs.
 #if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wpsabi"  // v8 never crosses a non-inlined call
+#pragma GCC diagnostic ignored "-Wpsabi"  // the vector types never cross a non-inlined call
 #endif
+typedef float v4 __attribute__((vector_size(16)));
 typedef float v8 __attribute__((vector_size(32)));
-[[gnu::always_inline]] inline v8 load8(const float* p) {
-  v8 r;
+template <int W>
+using vec = std::conditional_t<W == 8, v8, v4>;
+
+template <int W>
+[[gnu::always_inline]] inline vec<W> load(const float* p) {
+  vec<W> r;
   std::memcpy(&r, p, sizeof r);
   return r;
 }
-[[gnu::always_inline]] inline void store8(float* p, v8 x) { std::memcpy(p, &x, sizeof x); }
+template <int W>
+[[gnu::always_inline]] inline void store(float* p, const vec<W>& x) {
+  std::memcpy(p, &x, sizeof x);
+}
 
 // C[i][:N] += Σ_kk A(i, kk) · B[kk][:N] for i < M, kk < K, with A(i, kk) = a[i·a_i + kk·a_k] and
-// B rows b + kk·b_k. Register tiles of 4 rows x 16 columns; edges in axpy form.
-template <typename BRow>
+// B row kk at brow(kk). Register tiles of 4 rows x 2W columns, K in blocks of 64 so the B rows of a
+// block stay in L1 across the tiles; per element the sum runs kk ascending, tile or edge alike.
+template <int W, typename BRow>
 [[gnu::always_inline]] inline void gemm_rows(int M, int N, int K, const float* a, int64_t a_i, int64_t a_k, BRow brow,
                                              float* c, int64_t c_i) {
-  // K in blocks of 64 so the B rows of a block stay in L1 across the tiles (same per-element
-  // accumulation order, kk ascending, as without blocking).
+  using V = vec<W>;
   for (int k0 = 0; k0 < K; k0 += 64) {
     const int k1 = std::min(K, k0 + 64);
     int i = 0;
     for (; i + 4 <= M; i += 4) {
       int j = 0;
-      for (; j + 16 <= N; j += 16) {
+      for (; j + 2 * W <= N; j += 2 * W) {
         float* c0 = c + i * c_i + j;
-        v8 t00 = load8(c0), t01 = load8(c0 + 8), t10 = load8(c0 + c_i), t11 = load8(c0 + c_i + 8);
-        v8 t20 = load8(c0 + 2 * c_i), t21 = load8(c0 + 2 * c_i + 8), t30 = load8(c0 + 3 * c_i),
-           t31 = load8(c0 + 3 * c_i + 8);
+        V t00 = load<W>(c0), t01 = load<W>(c0 + W), t10 = load<W>(c0 + c_i), t11 = load<W>(c0 + c_i + W);
+        V t20 = load<W>(c0 + 2 * c_i), t21 = load<W>(c0 + 2 * c_i + W), t30 = load<W>(c0 + 3 * c_i),
+          t31 = load<W>(c0 + 3 * c_i + W);
         const float* ar = a + i * a_i;
         for (int kk = k0; kk < k1; ++kk) {
           const float* br = brow(kk) + j;
-          const v8 b0 = load8(br), b1 = load8(br + 8);
+          const V b0 = load<W>(br), b1 = load<W>(br + W);
           const float* ak = ar + kk * a_k;
           const float x0 = ak[0], x1 = ak[a_i], x2 = ak[2 * a_i], x3 = ak[3 * a_i];
           t00 += x0 * b0;
@@ -127,14 +132,14 @@ template <typename BRow>
           t30 += x3 * b0;
           t31 += x3 * b1;
         }
-        store8(c0, t00);
-        store8(c0 + 8, t01);
-        store8(c0 + c_i, t10);
-        store8(c0 + c_i + 8, t11);
-        store8(c0 + 2 * c_i, t20);
-        store8(c0 + 2 * c_i + 8, t21);
-        store8(c0 + 3 * c_i, t30);
-        store8(c0 + 3 * c_i + 8, t31);
+        store<W>(c0, t00);
+        store<W>(c0 + W, t01);
+        store<W>(c0 + c_i, t10);
+        store<W>(c0 + c_i + W, t11);
+        store<W>(c0 + 2 * c_i, t20);
+        store<W>(c0 + 2 * c_i + W, t21);
+        store<W>(c0 + 3 * c_i, t30);
+        store<W>(c0 + 3 * c_i + W, t31);
       }
       if (j < N)
         for (int r = 0; r < 4; ++r)
@@ -146,50 +151,58 @@ template <typename BRow>
   }
 }
 
-// gemm_rows with B rows at a fixed stride.
+template <int W>
 [[gnu::always_inline]] inline void gemm_acc(int M, int N, int K, const float* a, int64_t a_i, int64_t a_k,
                                             const float* b, int64_t b_k, float* c, int64_t c_i) {
-  gemm_rows(M, N, K, a, a_i, a_k, [=](int kk) { return b + kk * b_k; }, c, c_i);
+  gemm_rows<W>(M, N, K, a, a_i, a_k, [=](int kk) { return b + kk * b_k; }, c, c_i);
 }
 
-[[gnu::always_inline]] inline float hsum(v8 v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
+// The 8-lane partial sums of a dot product: one v8, or two v4 (lanes 0–3, 4–7).
+template <int W>
+struct Acc8;
+template <>
+struct Acc8<8> {
+  v8 x = {};
+  [[gnu::always_inline]] void add(const float* a, const float* b) { x += load<8>(a) * load<8>(b); }
+  [[gnu::always_inline]] float sum() const {
+    return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+  }
+};
+template <>
+struct Acc8<4> {
+  v4 lo = {}, hi = {};
+  [[gnu::always_inline]] void add(const float* a, const float* b) {
+    lo += load<4>(a) * load<4>(b);
+    hi += load<4>(a + 4) * load<4>(b + 4);
+  }
+  [[gnu::always_inline]] float sum() const {
+    return ((lo[0] + hi[0]) + (lo[1] + hi[1])) + ((lo[2] + hi[2]) + (lo[3] + hi[3]));
+  }
+};
 
-// sc[g][j] = scale · (q_g · k_j) for g < ng, j < nk; tiles of 2 heads x 4 keys when d % 8 == 0.
-// Same lane order as dot(), so every entry equals scale * dot(q_g, k_j, d) exactly.
+// sc[g][j] = scale · (q_g · k_j) for g < ng, j < nk, every entry exactly scale * dot(q_g, k_j, d).
+// Tiles of HT heads x 4 keys (HT = 2 with AVX, 1 with SSE: 8 accumulator registers) if d % 8 == 0.
+template <int W>
 [[gnu::always_inline]] inline void qk_scores(const float* q, int ng, int d, float scale, const float* const* krows,
                                              int64_t nk, float* sc, int64_t sc_stride) {
+  constexpr int HT = W == 8 ? 2 : 1;
   int64_t j = 0;
   if (d % 8 == 0) {
     for (; j + 4 <= nk; j += 4) {
       const float *k0 = krows[j], *k1 = krows[j + 1], *k2 = krows[j + 2], *k3 = krows[j + 3];
       int g = 0;
-      for (; g + 2 <= ng; g += 2) {
-        const float *qa = q + int64_t(g) * d, *qb = qa + d;
-        v8 a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
-        for (int x = 0; x < d; x += 8) {
-          const v8 x0 = load8(k0 + x), x1 = load8(k1 + x), x2 = load8(k2 + x), x3 = load8(k3 + x);
-          const v8 ya = load8(qa + x), yb = load8(qb + x);
-          a0 += ya * x0;
-          a1 += ya * x1;
-          a2 += ya * x2;
-          a3 += ya * x3;
-          b0 += yb * x0;
-          b1 += yb * x1;
-          b2 += yb * x2;
-          b3 += yb * x3;
-        }
-        float* sa = sc + int64_t(g) * sc_stride + j;
-        float* sb = sa + sc_stride;
-        sa[0] = scale * hsum(a0);
-        sa[1] = scale * hsum(a1);
-        sa[2] = scale * hsum(a2);
-        sa[3] = scale * hsum(a3);
-        sb[0] = scale * hsum(b0);
-        sb[1] = scale * hsum(b1);
-        sb[2] = scale * hsum(b2);
-        sb[3] = scale * hsum(b3);
+      for (; g + HT <= ng; g += HT) {
+        Acc8<W> acc[HT][4];
+        for (int x = 0; x < d; x += 8)
+          for (int h = 0; h < HT; ++h) {
+            const float* qh = q + int64_t(g + h) * d + x;
+            acc[h][0].add(qh, k0 + x);
+            acc[h][1].add(qh, k1 + x);
+            acc[h][2].add(qh, k2 + x);
+            acc[h][3].add(qh, k3 + x);
+          }
+        for (int h = 0; h < HT; ++h)
+          for (int u = 0; u < 4; ++u) sc[int64_t(g + h) * sc_stride + j + u] = scale * acc[h][u].sum();
       }
       for (; g < ng; ++g)
         for (int u = 0; u < 4; ++u) sc[int64_t(g) * sc_stride + j + u] = scale * dot(q + int64_t(g) * d, krows[j + u], d);
@@ -200,28 +213,29 @@ template <typename BRow>
 }
 
 // GLA recurrence (§3.6) over n tokens: one fused pass over S per token, S = γS + k⊗v and
-// o = s·qᵀS, in column tiles of 16 so the output tile stays in registers.
-SALA_SIMD_CLONES
-void gla_recurrent(float* __restrict S, int d, float gamma, float s, int64_t n, Rows q, Rows k, Rows v, float* out,
-                   int64_t out_stride) {
+// o = s·qᵀS, in column tiles of 2W so the output tile stays in registers.
+template <int W>
+[[gnu::always_inline]] inline void gla_recurrent_impl(float* __restrict S, int d, float gamma, float s, int64_t n,
+                                                      Rows q, Rows k, Rows v, float* out, int64_t out_stride) {
+  using V = vec<W>;
   for (int64_t t = 0; t < n; ++t) {
     const float *qt = q[t], *kt = k[t], *vt = v[t];
     float* ot = out + t * out_stride;
     int b0 = 0;
-    for (; b0 + 16 <= d; b0 += 16) {
-      v8 o0 = {}, o1 = {};
-      const v8 v0 = load8(vt + b0), v1 = load8(vt + b0 + 8);
+    for (; b0 + 2 * W <= d; b0 += 2 * W) {
+      V o0 = {}, o1 = {};
+      const V v0 = load<W>(vt + b0), v1 = load<W>(vt + b0 + W);
       for (int a = 0; a < d; ++a) {
         float* Sa = S + size_t(a) * d + b0;
         const float ka = kt[a], qa = qt[a];
-        const v8 x0 = gamma * load8(Sa) + ka * v0, x1 = gamma * load8(Sa + 8) + ka * v1;
-        store8(Sa, x0);
-        store8(Sa + 8, x1);
+        const V x0 = gamma * load<W>(Sa) + ka * v0, x1 = gamma * load<W>(Sa + W) + ka * v1;
+        store<W>(Sa, x0);
+        store<W>(Sa + W, x1);
         o0 += qa * x0;
-        o1 += qa * x0;
+        o1 += qa * x1;
       }
-      store8(ot + b0, s * o0);
-      store8(ot + b0 + 8, s * o1);
+      store<W>(ot + b0, s * o0);
+      store<W>(ot + b0 + W, s * o1);
     }
     for (int b = b0; b < d; ++b) {
       float o = 0;
@@ -237,16 +251,17 @@ void gla_recurrent(float* __restrict S, int d, float gamma, float s, int64_t n, 
 
 // GLA chunked-parallel form (§3.7) over n tokens in chunks of 64; ex[m] = exp(m·g), m ≤ 64.
 // Scratch: A [64][d], W [64][64], KD [64][d].
-SALA_SIMD_CLONES
-void gla_chunked(float* __restrict S, int d, float s, const float* ex, int64_t n, Rows q, Rows k, Rows v, float* out,
-                 int64_t out_stride, float* __restrict A, float* __restrict W, float* __restrict KD) {
+template <int VW>
+[[gnu::always_inline]] inline void gla_chunked_impl(float* __restrict S, int d, float s, const float* ex, int64_t n,
+                                                    Rows q, Rows k, Rows v, float* out, int64_t out_stride,
+                                                    float* __restrict A, float* __restrict W, float* __restrict KD) {
   for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
     const int L = int(std::min<int64_t>(kChunk, n - c0));
     const float* Q0 = q[c0];
     const float* V0 = v[c0];
     // Inter-chunk: A[i] = ex[i+1] · (q_iᵀ S_in).
     std::fill_n(A, size_t(L) * d, 0.f);
-    gemm_acc(L, d, d, Q0, q.stride, 1, S, d, A, d);
+    gemm_acc<VW>(L, d, d, Q0, q.stride, 1, S, d, A, d);
     for (int i = 0; i < L; ++i) {
       float* ai = A + size_t(i) * d;
       const float f = ex[i + 1];
@@ -261,7 +276,7 @@ void gla_chunked(float* __restrict S, int d, float s, const float* ex, int64_t n
     }
     for (int i = 0; i < L; i += 4) {  // row tiles of 4 need keys up to their last row only
       const int rows = std::min(4, L - i);
-      gemm_acc(rows, d, i + rows, W + size_t(i) * kChunk, kChunk, 1, V0, v.stride, A + size_t(i) * d, d);
+      gemm_acc<VW>(rows, d, i + rows, W + size_t(i) * kChunk, kChunk, 1, V0, v.stride, A + size_t(i) * d, d);
     }
     for (int i = 0; i < L; ++i) {
       const float* ai = A + size_t(i) * d;
@@ -276,17 +291,18 @@ void gla_chunked(float* __restrict S, int d, float s, const float* ex, int64_t n
       const float f = ex[L - 1 - j];
       for (int a = 0; a < d; ++a) KD[size_t(j) * d + a] = f * kj[a];
     }
-    gemm_acc(d, d, L, KD, 1, d, V0, v.stride, S, d);
+    gemm_acc<VW>(d, d, L, KD, 1, d, V0, v.stride, S, d);
   }
 }
 
 // Stage 1 (§4.5) for one kv head: Λ[g] = logsumexp_c' (s·q_g·K2[c']) over the n2 visible K2 rows
 // (max-subtracted), then score[c] = Σ_g exp(s·q_g·K1[c] − Λ[g]) (summed in g order) for c < n1.
 // q: the G query heads of the group, contiguous. buf: scratch of G·max(n1, n2) floats, lse: G.
-SALA_SIMD_CLONES
-void stage1_scores(const float* q, int G, int d, float scale, const float* const* k2, int64_t n2,
-                   const float* const* k1, int64_t n1, float* buf, float* lse, float* score) {
-  qk_scores(q, G, d, scale, k2, n2, buf, n2);
+template <int W>
+[[gnu::always_inline]] inline void stage1_scores_impl(const float* q, int G, int d, float scale,
+                                                      const float* const* k2, int64_t n2, const float* const* k1,
+                                                      int64_t n1, float* buf, float* lse, float* score) {
+  qk_scores<W>(q, G, d, scale, k2, n2, buf, n2);
   for (int g = 0; g < G; ++g) {
     const float* a = buf + g * n2;
     float m = -std::numeric_limits<float>::infinity();
@@ -295,7 +311,7 @@ void stage1_scores(const float* q, int G, int d, float scale, const float* const
     for (int64_t c = 0; c < n2; ++c) z += std::exp(a[c] - m);
     lse[g] = m + std::log(z);
   }
-  qk_scores(q, G, d, scale, k1, n1, buf, n1);
+  qk_scores<W>(q, G, d, scale, k1, n1, buf, n1);
   for (int64_t c = 0; c < n1; ++c) {
     float total = 0;
     for (int g = 0; g < G; ++g) total += std::exp(buf[g * n1 + c] - lse[g]);
@@ -304,12 +320,14 @@ void stage1_scores(const float* q, int G, int d, float scale, const float* const
 }
 
 // Softmax attention of ng query heads (contiguous in q and out) over the nk given key/value rows,
-// two-pass in f32: logits, max, exp and sum, weighted sum of V, divide.
-// sc: scratch [ng][sc_stride ≥ nk]; acc: scratch [ng][d].
-SALA_SIMD_CLONES
-void attend_rows(const float* q, int ng, int d, float scale, const float* const* krows, const float* const* vrows,
-                 int64_t nk, float* __restrict sc, int64_t sc_stride, float* __restrict acc, float* out) {
-  qk_scores(q, ng, d, scale, krows, nk, sc, sc_stride);
+// two-pass in f32: logits, max, exp and sum, weighted sum of V (keys ascending), divide.
+// sc: scratch [ng][sc_stride ≥ nk]; acc: scratch [min(ng, 64)][d].
+template <int W>
+[[gnu::always_inline]] inline void attend_rows_impl(const float* q, int ng, int d, float scale,
+                                                    const float* const* krows, const float* const* vrows, int64_t nk,
+                                                    float* __restrict sc, int64_t sc_stride, float* __restrict acc,
+                                                    float* out) {
+  qk_scores<W>(q, ng, d, scale, krows, nk, sc, sc_stride);
   float inv[64];
   for (int g0 = 0; g0 < ng; g0 += 64) {  // (ng ≤ 64 in practice; chunked only to bound `inv`)
     const int g1 = std::min(ng, g0 + 64);
@@ -325,8 +343,7 @@ void attend_rows(const float* q, int ng, int d, float scale, const float* const*
       inv[g - g0] = 1.0f / z;
     }
     std::fill_n(acc, size_t(g1 - g0) * d, 0.f);
-    // acc[g][:] = Σ_j p[g][j] · v_j, keys in ascending order.
-    gemm_rows(g1 - g0, d, int(nk), sc + g0 * sc_stride, sc_stride, 1, [=](int j) { return vrows[j]; }, acc, d);
+    gemm_rows<W>(g1 - g0, d, int(nk), sc + g0 * sc_stride, sc_stride, 1, [=](int j) { return vrows[j]; }, acc, d);
     for (int g = g0; g < g1; ++g) {
       float* o = out + int64_t(g) * d;
       const float* a = acc + int64_t(g - g0) * d;
@@ -334,6 +351,40 @@ void attend_rows(const float* q, int ng, int d, float scale, const float* const*
     }
   }
 }
+
+// Entry points: the AVX2 instantiation when the CPU has it, else the baseline one.
+#if defined(__x86_64__) && defined(__GNUC__)
+bool cpu_has_avx2() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return yes;
+}
+#define SALA_KERNEL(name)                                                              \
+  template <typename... Args>                                                          \
+  __attribute__((target("avx2"))) void name##_avx2(Args... args) {                     \
+    name##_impl<8>(args...);                                                           \
+  }                                                                                    \
+  template <typename... Args>                                                          \
+  void name(Args... args) {                                                            \
+    if (cpu_has_avx2())                                                                \
+      name##_avx2(args...);                                                            \
+    else                                                                               \
+      name##_impl<4>(args...);                                                         \
+  }
+#else
+#define SALA_KERNEL(name)          \
+  template <typename... Args>      \
+  void name(Args... args) {        \
+    name##_impl<4>(args...);       \
+  }
+#endif
+SALA_KERNEL(gla_recurrent)
+SALA_KERNEL(gla_chunked)
+SALA_KERNEL(stage1_scores)
+SALA_KERNEL(attend_rows)
+#undef SALA_KERNEL
 
 }  // namespace
 

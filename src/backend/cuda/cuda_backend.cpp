@@ -658,6 +658,13 @@ void CudaBackend::gather_rows(const Mat& x, std::span<const int64_t> rows, Mat o
   SALA_CHECK(out.rows == int64_t(rows.size()) && out.cols == x.cols, "cuda gather_rows: shape mismatch");
   if (rows.empty()) return;
   for (int64_t r : rows) SALA_CHECK(r >= 0 && r < x.rows, "cuda gather_rows: row {} out of range", r);
+  if (rows.size() <= size_t(cuda::kGatherInline) && x.rows < (int64_t(1) << 31)) {
+    cuda::GatherRows g;
+    for (size_t i = 0; i < rows.size(); ++i) g.idx[i] = int32_t(rows[i]);
+    cuda::launch_gather_rows_inline(x.data, dt_of(x.dtype, "gather_rows"), g, out.rows, out.cols, out.data,
+                                    dt_of(out.dtype, "gather_rows"), stream_);
+    return;
+  }
   const size_t bytes = rows.size() * 8;
   void* h = gather_stage_.get(bytes);
   std::memcpy(h, rows.data(), bytes);
@@ -696,6 +703,7 @@ void CudaBackend::lightning_attention(int layer, const Mat& q, const Mat& k, con
   a.seq_list = d_rec_list_, a.n_list = n_rec_;
   cuda::launch_gla_recurrent(a, stream_);
   a.seq_list = d_chunk_list_, a.n_list = n_chunked_;
+  a.force_fma = gla_fma_;
   cuda::launch_gla_chunked(a, stream_);
 }
 

@@ -106,6 +106,8 @@ class CudaBackend final : public Backend {
   void set_gemv_mode(int mode) { gemv_mode_ = mode; }
   // Programmatic dependent launch of the GEMV kernels (default on for sm_90+).
   void set_pdl(bool on) { pdl_ = on; }
+  // Chunked GLA prefill through the fp32 FMA kernel instead of the tensor-core one (tests, A/B).
+  void set_gla_fma(bool on) { gla_fma_ = on; }
   // Largest context (in blocks) for which InfLLM-v2 prefill rows use the shared-tile kernel
   // (4 tokens per CTA over the union of their blocks); -1: automatic (2 × the block budget).
   void set_sparse_shared_max_blocks(int64_t blocks) { sparse_shared_max_blocks_ = blocks; }
@@ -122,6 +124,7 @@ class CudaBackend final : public Backend {
   bool use_gemv_ = true;
   int gemv_mode_ = 0;
   bool pdl_ = true;
+  bool gla_fma_ = false;
   int64_t sparse_shared_max_blocks_ = -1;
 
   // Caches.

@@ -220,6 +220,16 @@ __global__ void gather_kernel(const void* x, int dtx, const int64_t* rows_idx, i
   }
 }
 
+__global__ void gather_inline_kernel(const void* x, int dtx, GatherRows rows_idx, int64_t rows, int64_t cols,
+                                     void* out, int dto) {
+  const int64_t total = rows * cols;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / cols, c = idx % cols;
+    stf(out, dto, idx, ldf(x, dtx, int64_t(rows_idx.idx[r]) * cols + c));
+  }
+}
+
 __global__ void convert_kernel(const void* src, int dts, void* dst, int dtd, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     stf(dst, dtd, i, ldf(src, dts, i));
@@ -290,6 +300,13 @@ void launch_gather_rows(const void* x, Dt dtx, const int64_t* rows_idx, int64_t 
                         cudaStream_t st) {
   if (rows <= 0) return;
   gather_kernel<<<grid_for(rows * cols, 256), 256, 0, st>>>(x, dtx, rows_idx, rows, cols, out, dto);
+  SALA_CUDA_LAUNCH("gather_rows kernel");
+}
+
+void launch_gather_rows_inline(const void* x, Dt dtx, const GatherRows& rows_idx, int64_t rows, int64_t cols,
+                               void* out, Dt dto, cudaStream_t st) {
+  if (rows <= 0) return;
+  gather_inline_kernel<<<grid_for(rows * cols, 256), 256, 0, st>>>(x, dtx, rows_idx, rows, cols, out, dto);
   SALA_CUDA_LAUNCH("gather_rows kernel");
 }
 

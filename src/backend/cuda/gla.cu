@@ -208,6 +208,253 @@ __global__ void __launch_bounds__(kThreads) gla_chunked_kernel(GlaArgs a) {
   for (int idx = tid; idx < D * TC; idx += kThreads) Sg[int64_t(idx / TC) * D + tile * TC + idx % TC] = S[idx];
 }
 
+// ---- chunked prefill on tensor cores (d = 64, 128; bf16 q/k/v) ----
+// CTA = (sequence, head, 32-column tile of S/V/O), 4 warps. Per chunk of 64 tokens:
+//   A   = (Q Kᵀ ⊙ decay)        warp w: rows 16w..16w+15 (tokens), keys ≤ its rows
+//   O   = ex[i+1]·Q S_in + A V   S_in and A enter as bf16 hi + lo pairs (fp32-accurate products,
+//                                 the other operand is exact bf16)
+//   S  ← ex[L]·S + Kᵀ (ex[L-1-j]·V)   S lives in the warps' accumulators for the whole call
+//                                 (warp w: key rows 16·MT·w ...), W = decayed V as hi + lo.
+// FLOPs per chunk and CTA ≈ 2·(64·64·d/2 + 2·64·d·32 + 2·64·64·32/2 + 2·d·64·32) → ~4 MFLOP
+// (d = 128), ~0.4 µs of mma.sync per chunk; the fp32 FMA kernel above stays for d = 16, 32.
+constexpr int kTC = 32;
+
+__device__ __forceinline__ void split_bf16(float x, float& hi, float& lo) {
+  hi = __bfloat162float(__float2bfloat16_rn(x));
+  lo = x - hi;
+}
+
+template <int D>
+constexpr size_t chunked_mma_smem() {
+  return size_t(2) * kC * D * 2 + size_t(kC) * kTC * 2 + size_t(2) * D * kTC * 2 + size_t(2) * kC * kTC * 2 +
+         (kC + 4) * 4;
+}
+
+template <int D>
+__global__ void __launch_bounds__(128) gla_chunked_mma_kernel(GlaArgs a) {
+  constexpr int MT = D / 64;  // 16-row tiles of S per warp
+  extern __shared__ float4 smem4[];
+  char* sm = reinterpret_cast<char*>(smem4);
+  constexpr uint32_t oQ = 0, oK = oQ + kC * D * 2, oV = oK + kC * D * 2, oSh = oV + kC * kTC * 2,
+                     oSl = oSh + D * kTC * 2, oWh = oSl + D * kTC * 2, oWl = oWh + kC * kTC * 2,
+                     oEx = oWl + kC * kTC * 2;
+  const uint32_t base = smem_addr(sm);
+  float* ex = reinterpret_cast<float*>(sm + oEx);
+  using SwD = RowSwizzle<D>;
+  using SwT = RowSwizzle<kTC>;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int tile = blockIdx.x, h = blockIdx.y;
+  const SeqMeta s = a.seqs[a.seq_list[blockIdx.z]];
+  const int n = s.n_new;
+  if (n <= 0) return;
+  const int kh = h / (a.heads / a.kv_heads);
+  const bf16* qg = static_cast<const bf16*>(a.q);
+  const bf16* kg = static_cast<const bf16*>(a.k);
+  const bf16* vg = static_cast<const bf16*>(a.v);
+  float* Sg = a.states + ((int64_t(s.slot) * a.layers + a.layer) * a.heads + h) * int64_t(D) * D;
+  const double gd = double(a.log_decay[h]);
+  for (int m = tid; m <= kC; m += 128) ex[m] = float(exp(double(m) * gd));
+
+  // S accumulators: (mt, nt, e) ↔ row 16·MT·warp + 16·mt + g + 8·(e ≥ 2), column 8·nt + 2·t4 + (e & 1).
+  float S[MT][4][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = 16 * MT * warp + 16 * mt + g + 8 * (e >> 1), c = 8 * nt + 2 * t4 + (e & 1);
+        S[mt][nt][e] = Sg[int64_t(r) * D + tile * kTC + c];
+      }
+
+  for (int c0 = 0; c0 < n; c0 += kC) {
+    const int L = min(kC, n - c0);
+    // Q, K chunks [64][D] and the V tile [64][32] (rows ≥ L zero-filled).
+    for (int idx = tid; idx < kC * (D / 8); idx += 128) {
+      const int r = idx / (D / 8), c = idx % (D / 8);
+      const bool ok = r < L;
+      const int64_t row = s.start + c0 + (ok ? r : 0);
+      cp_async16(base + oQ + SwD::offset(r, c), qg + row * a.ldq + int64_t(h) * D + c * 8, ok ? 16 : 0);
+      cp_async16(base + oK + SwD::offset(r, c), kg + row * a.ldk + int64_t(kh) * D + c * 8, ok ? 16 : 0);
+    }
+    for (int idx = tid; idx < kC * (kTC / 8); idx += 128) {
+      const int r = idx / (kTC / 8), c = idx % (kTC / 8);
+      const bool ok = r < L;
+      const int64_t row = s.start + c0 + (ok ? r : 0);
+      cp_async16(base + oV + SwT::offset(r, c), vg + row * a.ldv + int64_t(kh) * D + tile * kTC + c * 8, ok ? 16 : 0);
+    }
+    cp_async_commit();
+    // S_in as bf16 hi + lo, rows = key dim, for the B operand of Q·S.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = 16 * MT * warp + 16 * mt + g + 8 * hr, c = 8 * nt + 2 * t4;
+          float h0, l0, h1, l1;
+          split_bf16(S[mt][nt][2 * hr], h0, l0);
+          split_bf16(S[mt][nt][2 * hr + 1], h1, l1);
+          const uint32_t off = SwT::offset(r, c / 8) + (c % 8) * 2;
+          *reinterpret_cast<uint32_t*>(sm + oSh + off) = pack_bf16x2(h0, h1);
+          *reinterpret_cast<uint32_t*>(sm + oSl + off) = pack_bf16x2(l0, l1);
+        }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // Q fragments of this warp's 16 token rows.
+    uint32_t qf[D / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+      ldsm_x4(qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3],
+              base + oQ + SwD::offset(16 * warp + (lane & 15), 2 * ks + (lane >> 4)));
+    // A = Q Kᵀ for keys j ≤ 16·warp + 15, then the causal decay.
+    float A[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      A[nt][0] = A[nt][1] = A[nt][2] = A[nt][3] = 0.f;
+      if (nt <= 2 * warp + 1) {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks += 2) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4(b0, b1, b2, b3, base + oK + SwD::offset(8 * nt + (lane & 7), 2 * ks + (lane >> 3)));
+          mma16816(A[nt], qf[ks], b0, b1);
+          mma16816(A[nt], qf[ks + 1], b2, b3);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * warp + g + 8 * (e >> 1), j = 8 * nt + 2 * t4 + (e & 1);
+        A[nt][e] = (j <= i && i < L) ? ex[i - j] * A[nt][e] : 0.f;
+      }
+    }
+    // O = ex[i+1]·(Q S_in) + A V.
+    float O[4][4];
+#pragma unroll
+    for (int nd = 0; nd < 4; ++nd) O[nd][0] = O[nd][1] = O[nd][2] = O[nd][3] = 0.f;
+    const int mi = lane >> 3;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+      for (int nd = 0; nd < 4; nd += 2) {
+        const int r = 16 * ks + (mi & 1) * 8 + (lane & 7), c = nd + (mi >> 1);
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4_t(b0, b1, b2, b3, base + oSh + SwT::offset(r, c));
+        mma16816(O[nd], qf[ks], b0, b1);
+        mma16816(O[nd + 1], qf[ks], b2, b3);
+        ldsm_x4_t(b0, b1, b2, b3, base + oSl + SwT::offset(r, c));
+        mma16816(O[nd], qf[ks], b0, b1);
+        mma16816(O[nd + 1], qf[ks], b2, b3);
+      }
+    {
+      const float f0 = ex[min(16 * warp + g + 1, kC)], f1 = ex[min(16 * warp + g + 9, kC)];
+#pragma unroll
+      for (int nd = 0; nd < 4; ++nd) O[nd][0] *= f0, O[nd][1] *= f0, O[nd][2] *= f1, O[nd][3] *= f1;
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      if (kk > warp) break;
+      uint32_t ah[4], al[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float* src = A[2 * kk + (q >> 1)] + 2 * (q & 1);
+        float h0, l0, h1, l1;
+        split_bf16(src[0], h0, l0);
+        split_bf16(src[1], h1, l1);
+        ah[q] = pack_bf16x2(h0, h1);
+        al[q] = pack_bf16x2(l0, l1);
+      }
+#pragma unroll
+      for (int nd = 0; nd < 4; nd += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4_t(b0, b1, b2, b3, base + oV + SwT::offset(16 * kk + (mi & 1) * 8 + (lane & 7), nd + (mi >> 1)));
+        mma16816(O[nd], ah, b0, b1);
+        mma16816(O[nd + 1], ah, b2, b3);
+        mma16816(O[nd], al, b0, b1);
+        mma16816(O[nd + 1], al, b2, b3);
+      }
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int i = 16 * warp + g + 8 * hr;
+      if (i >= L) continue;
+      const int64_t row = s.start + c0 + i;
+#pragma unroll
+      for (int nd = 0; nd < 4; ++nd)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          stf(a.out, a.dt, row * a.ldo + int64_t(h) * D + tile * kTC + 8 * nd + 2 * t4 + e,
+              a.scale * O[nd][2 * hr + e]);
+    }
+    // W = ex[L-1-j]·V[j] as bf16 hi + lo (rows j ≥ L are zero).
+    for (int idx = tid; idx < kC * (kTC / 2); idx += 128) {
+      const int j = idx / (kTC / 2), c = 2 * (idx % (kTC / 2));
+      const uint32_t off = SwT::offset(j, c / 8) + (c % 8) * 2;
+      const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sm + oV + off));
+      const float f = j < L ? ex[L - 1 - j] : 0.f;
+      float h0, l0, h1, l1;
+      split_bf16(f * v.x, h0, l0);
+      split_bf16(f * v.y, h1, l1);
+      *reinterpret_cast<uint32_t*>(sm + oWh + off) = pack_bf16x2(h0, h1);
+      *reinterpret_cast<uint32_t*>(sm + oWl + off) = pack_bf16x2(l0, l1);
+    }
+    __syncthreads();
+    // S = ex[L]·S + Kᵀ W.
+    const float fl = ex[L];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[mt][nt][e] *= fl;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int a0 = 16 * MT * warp + 16 * mt;
+        uint32_t kf[4];
+        ldsm_x4_t(kf[0], kf[1], kf[2], kf[3],
+                  base + oK + SwD::offset(16 * kk + (mi >> 1) * 8 + (lane & 7), a0 / 8 + (mi & 1)));
+#pragma unroll
+        for (int nd = 0; nd < 4; nd += 2) {
+          const int r = 16 * kk + (mi & 1) * 8 + (lane & 7), c = nd + (mi >> 1);
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4_t(b0, b1, b2, b3, base + oWh + SwT::offset(r, c));
+          mma16816(S[mt][nd], kf, b0, b1);
+          mma16816(S[mt][nd + 1], kf, b2, b3);
+          ldsm_x4_t(b0, b1, b2, b3, base + oWl + SwT::offset(r, c));
+          mma16816(S[mt][nd], kf, b0, b1);
+          mma16816(S[mt][nd + 1], kf, b2, b3);
+        }
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = 16 * MT * warp + 16 * mt + g + 8 * (e >> 1), c = 8 * nt + 2 * t4 + (e & 1);
+        Sg[int64_t(r) * D + tile * kTC + c] = S[mt][nt][e];
+      }
+}
+
+template <int D>
+void chunked_mma_d(const GlaArgs& a, cudaStream_t st) {
+  constexpr size_t smem = chunked_mma_smem<D>();
+  static bool attr = false;
+  if (!attr) {
+    SALA_CUDA_CHECK(cudaFuncSetAttribute(gla_chunked_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(smem)));
+    attr = true;
+  }
+  dim3 grid(D / kTC, a.heads, a.n_list);
+  gla_chunked_mma_kernel<D><<<grid, 128, smem, st>>>(a);
+  SALA_CUDA_LAUNCH("gla_chunked_mma kernel");
+}
+
 template <int D>
 constexpr int tile_cols() { return D < 32 ? D : 32; }
 
@@ -249,6 +496,11 @@ void launch_gla_recurrent(const GlaArgs& a, cudaStream_t st) {
 
 void launch_gla_chunked(const GlaArgs& a, cudaStream_t st) {
   if (a.n_list <= 0) return;
+  const bool vec = a.dt == kBF16 && a.ldq % 8 == 0 && a.ldk % 8 == 0 && a.ldv % 8 == 0 &&
+                   (reinterpret_cast<uintptr_t>(a.q) & 15) == 0 && (reinterpret_cast<uintptr_t>(a.k) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(a.v) & 15) == 0;
+  if (vec && !a.force_fma && (a.d == 64 || a.d == 128))
+    return a.d == 64 ? chunked_mma_d<64>(a, st) : chunked_mma_d<128>(a, st);
   switch (a.d) {
     case 16: return chunked_d<16>(a, st);
     case 32: return chunked_d<32>(a, st);

@@ -69,6 +69,13 @@ void launch_embed(const void* table, Dt dtt, int64_t cols, const int32_t* tokens
                   Dt dto, cudaStream_t st);
 void launch_gather_rows(const void* x, Dt dtx, const int64_t* rows_idx, int64_t rows, int64_t cols, void* out, Dt dto,
                         cudaStream_t st);
+// Up to kGatherInline row indices travel in the kernel's parameters (no copy, graph-capture safe).
+constexpr int kGatherInline = 256;
+struct GatherRows {
+  int32_t idx[kGatherInline];
+};
+void launch_gather_rows_inline(const void* x, Dt dtx, const GatherRows& rows_idx, int64_t rows, int64_t cols,
+                               void* out, Dt dto, cudaStream_t st);
 void launch_convert(const void* src, Dt dts, void* dst, Dt dtd, int64_t n, cudaStream_t st);
 void launch_random_bf16(void* dst, int64_t n, float mean, float std, uint64_t seed, cudaStream_t st);
 
@@ -95,6 +102,7 @@ struct GlaArgs {
   const SeqMeta* seqs;
   const int32_t* seq_list;  // sequences handled by this launch
   int32_t n_list;
+  bool force_fma;           // chunked: use the fp32 FMA kernel even where the tensor-core one applies
 };
 void launch_gla_recurrent(const GlaArgs& a, cudaStream_t st);
 void launch_gla_chunked(const GlaArgs& a, cudaStream_t st);
