@@ -5,6 +5,7 @@
 // layer for the 9B geometry — trivial. Compression reads ks (K1) or 4ks (K2) rows per new chunk:
 // per token on average 2 K1 rows + 2 K2 rows read (L2-resident, just written) — also trivial.
 // Both kernels are launch-latency bound in decode (~2-3 µs each).
+// Not timed separately: included in the sparse-layer numbers of attention.cu / docs/cuda-backend.md.
 #include "backend/cuda/common.cuh"
 
 namespace sala::cuda {

@@ -10,6 +10,8 @@
 //   * rope: read+write rows·cols·2 bytes, one sincos per (row, pair) → bandwidth bound for bf16.
 //   * embed / gather_rows: rows·cols·2 bytes each way.
 // All fast paths move 16 bytes per thread access; mixed-dtype cases use a generic scalar path.
+// Measured (H200, 2026-11-22, vs 4.22 TB/s copy): silu_mul 512×16384 15.3 µs (78%); rmsnorm
+// 2048×4096 8.3 µs (96%); decode-sized calls (1 row) 3.5-5 µs: launch latency, not bandwidth.
 #include <cmath>
 
 #include "backend/cuda/common.cuh"

@@ -11,6 +11,12 @@
 //   chunk and head, 96 KFLOP per token and head (3 MFLOP per token and layer); fp32 FMA, no tensor
 //   cores yet: an 8K-token prefill is ~25 GFLOP per layer (~0.5 ms at a realistic 50 TFLOP/s fp32).
 //   CTA = (sequence, head, 32-column tile of S/V/O), state tile in shared memory for the whole call.
+//   This fp32 FMA kernel now only serves d = 16, 32 (and non-bf16 inputs); d = 64, 128 use the
+//   tensor-core kernel below.
+// Measured (H200, 2026-11-22, 32 heads × 128): recurrent decode B=1 4.6 µs (22% of copy
+//   bandwidth, latency bound), B=8..64 ~65%; chunked prefill L=4096: tensor cores 320 µs
+//   (34 TFLOP/s effective), fp32 FMA 2.86 ms. States match the CPU to 2.4e-6 (tensor cores) and
+//   1.3e-7 (FMA) relative.
 #include <cmath>
 
 #include "backend/cuda/common.cuh"
