@@ -6,7 +6,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   nlohmann-json3-dev libfmt-dev libspdlog-dev libcli11-dev libcpp-httplib-dev libcurl4-openssl-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-numpy python3-torch
+  python3 python3-numpy python3-torch python3-matplotlib
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -134,11 +134,35 @@ class Backend {
   // q, k, v: [N, heads*dim] after q/k norm and RoPE; out: [N, heads*dim].
   virtual void lightning_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) = 0;
 
+  // Exact rollback of lightning layer `layer` (spec §6.2): sets the state in `slot` to the state
+  // of `snapshot_slot` advanced by the first `keep` tokens of k, v ([>= keep, kv_heads*dim], the
+  // post-norm/RoPE rows fed to lightning_attention), per head in fp32:
+  //   S = γ^keep · S_snap + Σ_{j<keep} γ^{keep−1−j} k_j ⊗ v_j   (exponentials from the log-decay)
+  // keep = 0 restores the snapshot. slot may equal snapshot_slot. Not pure: the default (defined
+  // in backend/cpu/cpu_rollback.cpp, so this header needs no fmt) throws sala::Error.
+  virtual void lightning_rollback(int layer, int slot, int snapshot_slot, const Mat& k, const Mat& v, int64_t keep);
+
   // Sparse layer `layer` (index among sparse layers): appends each sequence's new k, v to its
   // pages, extends K1/K2 (spec §4.4), then attends every new query to the sequence's keys up to
   // its own position — dense causal (§4.3) or InfLLM-v2 (§4.5–4.8) as SeqEntry::sparse says.
   // q: [N, q_heads*dim]; k, v: [N, kv_heads*dim]; out: [N, q_heads*dim].
   virtual void sparse_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) = 0;
+
+  // ---- Optional graph capture/replay of a whole forward (CUDA graphs; the CPU ignores it) ----
+  // After begin_batch, the model calls graph_replay(key): true means the backend had a recording
+  // for `key` (plus whatever of the batch it bakes into launches itself) and launched it, so the
+  // ops must not be issued again. Otherwise the model calls graph_capture_begin(key), issues the
+  // ops, and graph_capture_end(key); the backend may record them (and then launches the recording)
+  // or just let them run. `key` must fix every op, shape and buffer address of the forward.
+  virtual bool graph_replay(uint64_t key) { return false; }
+  virtual void graph_capture_begin(uint64_t key) {}
+  virtual void graph_capture_end(uint64_t key) {}
+  struct GraphStats {
+    bool enabled = false;
+    int64_t replays = 0, captures = 0, eager = 0;  // forwards with a key, by how they ran
+    double gpu_ms = 0;                             // device time of those forwards (events), summed
+  };
+  virtual GraphStats graph_stats() { return {}; }
 };
 
 // Backends available in this build: "cpu", and "cuda" when compiled with CUDA.

@@ -78,6 +78,7 @@ Runner setup(CLI::App& app) {
     std::string model, prompts, out;
     int parallel = 8;
     SamplingOptions sampling;
+    SpeculativeCliOptions speculative;
     PromptOptions prompt_opts;
     BackendOptions backend;
   };
@@ -91,6 +92,7 @@ Runner setup(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   o->prompt_opts.add(app);
   o->sampling.add(app);
+  o->speculative.add(app);
   o->backend.add(app);
   app.footer(
       "Output: one JSON object per prompt, in input order: {\"index\", \"prompt\", \"text\", \"tokens\", "
@@ -136,7 +138,8 @@ Runner setup(CLI::App& app) {
     } closer{out};
 
     const int parallel = std::min<int>(o->parallel, int(items.size()));
-    auto s = open_session(resolve_model_ref(o->model), o->backend, o->sampling, parallel, !o->prompt_opts.raw);
+    auto s = open_session(resolve_model_ref(o->model), o->backend, o->sampling, parallel, !o->prompt_opts.raw,
+                          &o->speculative);
 
     // Results are written as soon as every earlier prompt is done, so the output keeps input order.
     size_t next_to_write = 0;
@@ -186,22 +189,22 @@ Runner setup(CLI::App& app) {
       }
       ++requests_with_tokens;
       try {
-        s->scheduler->submit(std::move(req));
+        s->submit(std::move(req));
       } catch (const Error& e) {
         fail("{}: {}", it.where, e.what());
       }
     }
 
     const auto t0 = std::chrono::steady_clock::now();
-    s->scheduler->run();
+    s->run();
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     write_ready();
 
-    const SchedulerStats& st = s->scheduler->stats();
+    const SchedulerStats st = s->stats();
     std::fprintf(stderr, "batch: %zu prompts, %d at once: %lld generated tokens in %.3f s = %.1f tok/s\n",
                  items.size(), parallel, (long long)st.generated_tokens, wall,
                  wall > 0 ? double(st.generated_tokens) / wall : 0.0);
-    print_timing(st, requests_with_tokens);
+    print_timing(*s, requests_with_tokens);
     return 0;
   };
 }

@@ -141,34 +141,45 @@ Runner setup(CLI::App& app) {
       return t;
     };
     nlohmann::json rows = nlohmann::json::array();
-    std::printf("%-8s %5s %12s %9s %12s %9s %12s %8s %9s\n", "context", "batch", "prefill t/s", "%matmul",
-                "TTFT s", "decode t/s", "roofline t/s", "%roof", "ms/step");
+    std::printf("graphs: %s\n", backend->graph_stats().enabled ? "on (decode steps replay CUDA graphs)" : "off");
+    std::printf("%-8s %5s %12s %9s %12s %9s %12s %8s %9s %8s %7s\n", "context", "batch", "prefill t/s", "%matmul",
+                "TTFT s", "decode t/s", "roofline t/s", "%roof", "ms/step", "gpu ms", "graphs");
+    // Device time of the timed steps' forwards (backend events; 0 where the backend has none) and
+    // how many of them replayed a CUDA graph: ms/step − gpu ms is the host-side gap.
+    double dec_gpu_ms = 0;
+    int64_t dec_replays = 0;
 
     auto decode_steps = [&](Engine& e, const std::vector<int>& seqs) {
       std::vector<double> t;
+      Backend::GraphStats g0;
       for (int i = 0; i < o->decode_steps + 2; ++i) {
         std::vector<std::vector<int32_t>> next;
         std::vector<Engine::Request> reqs;
         for (int s : seqs) next.push_back(random_tokens(1));
         for (size_t k = 0; k < seqs.size(); ++k) reqs.push_back({seqs[k], next[k]});
+        if (i == 2) g0 = backend->graph_stats();
         auto t0 = Clock::now();
         e.step(reqs);  // returns logits on the host: the device work is finished
         if (i >= 2) t.push_back(seconds_since(t0));
       }
+      const Backend::GraphStats g1 = backend->graph_stats();
+      dec_gpu_ms = (g1.gpu_ms - g0.gpu_ms) / double(std::max(o->decode_steps, 1));
+      dec_replays = g1.replays - g0.replays;
       return median(t);
     };
     auto report = [&](int64_t ctx, int64_t batch, double prefill_tps, double ttft, double step) {
       const TokenCost cost = decode_cost(c, ctx, bpp);
       const double roof_step = cost.bytes_per_step(int(batch)) / ceil.bandwidth;
       const double prefill_pct = prefill_tps > 0 ? 100.0 * prefill_tps * prefill_flops_per_token(c, ctx) / ceil.matmul : 0;
-      std::printf("%-8lld %5lld %12.0f %8.1f%% %12.2f %9.1f %12.1f %7.1f%% %9.2f\n", (long long)ctx, (long long)batch,
-                  prefill_tps, prefill_pct, ttft, double(batch) / step, double(batch) / roof_step,
-                  100.0 * roof_step / step, step * 1e3);
+      std::printf("%-8lld %5lld %12.0f %8.1f%% %12.2f %9.1f %12.1f %7.1f%% %9.2f %8.2f %3lld/%-3d\n", (long long)ctx,
+                  (long long)batch, prefill_tps, prefill_pct, ttft, double(batch) / step, double(batch) / roof_step,
+                  100.0 * roof_step / step, step * 1e3, dec_gpu_ms, (long long)dec_replays, o->decode_steps);
       std::fflush(stdout);
       rows.push_back({{"context", ctx}, {"batch", batch}, {"prefill_tok_s", prefill_tps},
                       {"prefill_pct_matmul", prefill_pct}, {"ttft_s", ttft}, {"decode_tok_s", double(batch) / step},
                       {"decode_ms_per_step", step * 1e3}, {"bytes_per_step", cost.bytes_per_step(int(batch))},
-                      {"roofline_tok_s", double(batch) / roof_step}, {"pct_roofline", 100.0 * roof_step / step}});
+                      {"roofline_tok_s", double(batch) / roof_step}, {"pct_roofline", 100.0 * roof_step / step},
+                      {"decode_gpu_ms_per_step", dec_gpu_ms}, {"graph_replays", dec_replays}});
     };
 
     // Batch 1: one sequence grows through every context; decode is timed at each.

@@ -91,6 +91,7 @@ Runner setup(CLI::App& app) {
   struct Opts {
     std::string model;
     SamplingOptions sampling;
+    SpeculativeCliOptions speculative;
     PromptOptions prompt_opts;
     BackendOptions backend;
   };
@@ -98,11 +99,12 @@ Runner setup(CLI::App& app) {
   app.add_option("MODEL", o->model, "model directory; omit it (or say 'default') for the built-in random model");
   o->prompt_opts.add(app, /*allow_raw=*/false);
   o->sampling.add(app);
+  o->speculative.add(app);
   o->backend.add(app);
   app.footer("In the chat: 'clear' starts a new conversation, 'quit' or 'exit' (or Ctrl-D) leaves, Ctrl-C stops an "
              "answer (and leaves when pressed at the prompt).");
   return [o] {
-    auto s = open_session(resolve_model_ref(o->model), o->backend, o->sampling, 1, /*chat=*/true);
+    auto s = open_session(resolve_model_ref(o->model), o->backend, o->sampling, 1, /*chat=*/true, &o->speculative);
     const bool tty = ::isatty(0) != 0;
     const int64_t ctx = s->engine->options().max_context;
     if (tty)
@@ -164,15 +166,15 @@ Runner setup(CLI::App& app) {
         write_out(text.push(t.id));
         return !text.stopped();
       };
-      s->scheduler->submit(std::move(req));
-      s->scheduler->run();
+      s->submit(std::move(req));
+      s->run();
       ++answers;
       if (!stopped_by_user) write_out(text.finish());
       write_out(tty ? "\n\n" : "\n");
       if (stopped_by_user) std::fprintf(stderr, "(answer stopped)\n");
       history.push_back({"assistant", text.text()});
     }
-    print_timing(s->scheduler->stats(), answers);
+    print_timing(*s, answers);
     return 0;
   };
 }

@@ -18,6 +18,7 @@ Runner setup(CLI::App& app) {
     std::string model, prompt;
     bool stream = true;
     SamplingOptions sampling;
+    SpeculativeCliOptions speculative;
     PromptOptions prompt_opts;
     BackendOptions backend;
   };
@@ -28,6 +29,7 @@ Runner setup(CLI::App& app) {
   app.add_flag("--stream,!--no-stream", o->stream, "print text as it is generated (default) or all at the end");
   o->prompt_opts.add(app);
   o->sampling.add(app);
+  o->speculative.add(app);
   o->backend.add(app);
   app.footer("Examples:\n  sala generate \"Tell me a joke\"\n  sala generate MODEL_DIR \"Hello\" --temperature 0 -n 64");
   return [o, model_opt, prompt_opt] {
@@ -40,7 +42,7 @@ Runner setup(CLI::App& app) {
     }
     if (prompt == "-") prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
 
-    auto s = open_session(resolve_model_ref(model), o->backend, o->sampling, 1, !o->prompt_opts.raw);
+    auto s = open_session(resolve_model_ref(model), o->backend, o->sampling, 1, !o->prompt_opts.raw, &o->speculative);
     TextStream text(s->tokenizer, o->prompt_opts.text_options(o->sampling.stop));
     std::string held;  // --no-stream: everything printed at the end
     auto emit = [&](const std::string& piece) {
@@ -62,14 +64,14 @@ Runner setup(CLI::App& app) {
       emit(text.push(t.id));
       return !text.stopped();
     };
-    s->scheduler->submit(std::move(req));
-    s->scheduler->run();
+    s->submit(std::move(req));
+    s->run();
     emit(text.finish());
     held += '\n';
     if (o->stream) std::fputs("\n", stdout);
     else std::fwrite(held.data(), 1, held.size(), stdout);
     std::fflush(stdout);
-    print_timing(s->scheduler->stats(), 1);
+    print_timing(*s, 1);
     return 0;
   };
 }

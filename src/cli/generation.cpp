@@ -52,6 +52,54 @@ SamplingParams SamplingOptions::resolved() const {
   return p;
 }
 
+void SpeculativeCliOptions::add(CLI::App& app) {
+  app.add_option("--speculative", mode,
+                 "speculative decoding: 'self' (draft with the first --draft-layers layers) or 'lookup' (prompt "
+                 "lookup); exact rollback, greedy output identical to plain decoding")
+      ->check(CLI::IsMember({"self", "lookup", "off"}));
+  app.add_option("--draft-layers", draft_layers, "self-draft: layers of the draft model (clamped to the model)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--draft-tokens", draft_tokens, "tokens drafted per verify step (1..32)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 32));
+}
+
+SpeculativeOptions SpeculativeCliOptions::options() const {
+  return {.mode = parse_speculative_mode(mode), .draft_layers = draft_layers, .draft_tokens = draft_tokens};
+}
+
+void GenerationSession::submit(GenerationRequest request) {
+  if (!speculative) {
+    scheduler->submit(std::move(request));
+    return;
+  }
+  const int64_t ctx = engine->options().max_context;
+  SALA_CHECK(!request.prompt.empty(), "empty prompt");
+  SALA_CHECK(int64_t(request.prompt.size()) < ctx, "prompt of {} tokens does not fit the context of {} tokens",
+             request.prompt.size(), ctx);
+  const int vocab = engine->model().config().vocab_size;
+  for (int32_t t : request.prompt) SALA_CHECK(t >= 0 && t < vocab, "prompt token {} outside the vocabulary", t);
+  Sampler check(request.sampling);  // validates the sampling parameters now
+  queued.push_back(std::move(request));
+}
+
+void GenerationSession::run() {
+  if (!speculative) {
+    scheduler->run();
+    return;
+  }
+  while (!queued.empty()) {
+    GenerationRequest r = std::move(queued.front());
+    queued.pop_front();
+    speculative->run(std::move(r));
+  }
+}
+
+SchedulerStats GenerationSession::stats() const {
+  return speculative ? speculative->stats() : scheduler->stats();
+}
+
 void PromptOptions::add(CLI::App& app, bool allow_raw) {
   if (allow_raw) app.add_flag("--raw", raw, "no chat template: the prompt text as is, after BOS");
   app.add_option("--system", system, "system prompt (chat template)");
@@ -143,7 +191,8 @@ std::string resolve_model_ref(const std::string& ref) {
 }
 
 std::unique_ptr<GenerationSession> open_session(const std::string& model_ref, const BackendOptions& backend,
-                                                const SamplingOptions& sampling, int max_sequences, bool chat) {
+                                                const SamplingOptions& sampling, int max_sequences, bool chat,
+                                                const SpeculativeCliOptions* speculative) {
   SALA_CHECK(max_sequences > 0, "the number of parallel sequences must be positive, got {}", max_sequences);
   auto s = std::make_unique<GenerationSession>();
   const fs::path dir = resolve_model_dir(model_ref);
@@ -158,6 +207,8 @@ std::unique_ptr<GenerationSession> open_session(const std::string& model_ref, co
   ModelLimits limits;
   limits.max_batch_tokens = std::max<int64_t>(512, max_sequences);
   limits.max_logit_rows = max_sequences;  // one row per live sequence per step at most
+  const bool spec = speculative && speculative->on();
+  if (spec) limits.max_logit_rows = std::max(max_sequences, speculative->draft_tokens + 1);  // verify rows
   s->model = load_model_verbose(dir.string(), *s->backend, limits);
   const ModelConfig& cfg = s->model.config;
   SALA_CHECK(s->tokenizer.vocab_size() <= cfg.vocab_size,
@@ -174,6 +225,10 @@ std::unique_ptr<GenerationSession> open_session(const std::string& model_ref, co
   s->engine = std::make_unique<Engine>(*s->model.model, EngineOptions{.max_sequences = max_sequences, .max_context = ctx});
   s->scheduler = std::make_unique<Scheduler>(
       *s->engine, SchedulerOptions{.prefill_chunk = 256, .max_batch_tokens = limits.max_batch_tokens});
+  if (spec)
+    s->speculative = std::make_unique<SpeculativeGenerator>(
+        *s->engine, speculative->options(),
+        SchedulerOptions{.prefill_chunk = 256, .max_batch_tokens = limits.max_batch_tokens});
   return s;
 }
 
@@ -185,6 +240,20 @@ void print_timing(const SchedulerStats& s, int64_t answers) {
                "(%.1f tok/s)\n",
                (long long)s.prompt_tokens, s.prefill_seconds, rate(double(s.prompt_tokens), s.prefill_seconds),
                (long long)s.generated_tokens, s.decode_seconds, rate(double(decoded), s.decode_seconds));
+}
+
+void print_timing(const GenerationSession& session, int64_t answers) {
+  print_timing(session.stats(), answers);
+  if (!session.speculative) return;
+  const SpeculativeStats& sp = session.speculative->spec_stats();
+  const SpeculativeOptions& o = session.speculative->options();
+  std::fprintf(stderr,
+               "speculative %s (K %d%s): %lld verify steps, acceptance %.1f%% (%lld/%lld drafts), %.2f tokens per "
+               "verify step | draft %.3f s, verify %.3f s\n",
+               speculative_mode_name(o.mode), o.draft_tokens,
+               o.mode == SpeculativeMode::Self ? fmt::format(", {} draft layers", o.draft_layers).c_str() : "",
+               (long long)sp.rounds, 100.0 * sp.acceptance(), (long long)sp.accepted, (long long)sp.drafted,
+               sp.tokens_per_round(), sp.draft_seconds, sp.verify_seconds);
 }
 
 }  // namespace sala::cli

@@ -2,6 +2,7 @@
 // default model, opening model + tokenizer + scheduler, and the timing summary.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -12,6 +13,7 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/speculative.h"
 #include "engine/text_stream.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
@@ -46,6 +48,16 @@ struct PromptOptions {
   TextStreamOptions text_options(const std::vector<std::string>& stop) const;
 };
 
+// --speculative self|lookup, --draft-layers N, --draft-tokens K (docs/speculative.md).
+struct SpeculativeCliOptions {
+  std::string mode;  // "" = off
+  int draft_layers = 8;
+  int draft_tokens = 4;
+  void add(CLI::App& app);
+  bool on() const { return parse_speculative_mode(mode) != SpeculativeMode::Off; }
+  SpeculativeOptions options() const;
+};
+
 // "" or "default": the built-in default model (a small random checkpoint, created on first use
 // under $SALA_HOME/default-small or ~/.cache/sala/default-small); anything else is returned as is.
 std::string resolve_model_ref(const std::string& ref);
@@ -57,15 +69,26 @@ struct GenerationSession {
   Tokenizer tokenizer;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Scheduler> scheduler;
+  // --speculative: requests run one after another through this generator instead of the
+  // scheduler (single-sequence speculative decoding; no batching across requests).
+  std::unique_ptr<SpeculativeGenerator> speculative;
+  std::deque<GenerationRequest> queued;
+
+  void submit(GenerationRequest request);  // throws sala::Error when the prompt cannot run
+  void run();                              // until every submitted request has finished
+  SchedulerStats stats() const;
 };
 
 // Loads tokenizer (printing the chat-template warning once when `chat` is set) and model, and
 // sizes engine and scheduler for `max_sequences` live sequences of sampling.ctx_size tokens.
 std::unique_ptr<GenerationSession> open_session(const std::string& model_ref, const BackendOptions& backend,
-                                                const SamplingOptions& sampling, int max_sequences, bool chat);
+                                                const SamplingOptions& sampling, int max_sequences, bool chat,
+                                                const SpeculativeCliOptions* speculative = nullptr);
 
 // The llama.cpp-style summary on stderr. `answers`: requests that produced at least one token
 // (their first token comes from a prefill step, so it is not counted as decode).
 void print_timing(const SchedulerStats& stats, int64_t answers);
+// The same, plus acceptance rate and tokens per verify step when the session speculates.
+void print_timing(const GenerationSession& session, int64_t answers);
 
 }  // namespace sala::cli

@@ -66,7 +66,7 @@ void Engine::ensure_pages(Sequence& s, int64_t length) {
   }
 }
 
-std::vector<std::vector<float>> Engine::step(std::span<const Request> requests) {
+std::vector<std::vector<float>> Engine::step(std::span<const Request> requests, int n_layers) {
   const int V = model_.config().vocab_size;
   BatchInfo batch;
   std::vector<int64_t> rows;
@@ -97,9 +97,19 @@ std::vector<std::vector<float>> Engine::step(std::span<const Request> requests) 
     batch.seqs.push_back(std::move(e));
   }
   std::vector<float> logits(rows.size() * size_t(V));
-  model_.forward(batch, rows, logits);
-  for (const auto& r : requests) {
+  model_.forward(batch, rows, logits, n_layers);
+  ++steps_;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto& r = requests[i];
     Sequence& s = get(r.seq);
+    if (s.speculating && model_.capturing()) {
+      const SeqEntry& e = batch.seqs[i];
+      s.capture_step = steps_;
+      s.capture_start = e.cached;
+      s.capture_row = e.start;
+      s.capture_n = std::clamp<int64_t>(model_.captured_rows() - e.start, 0, e.n_new);
+      s.capture_layers = model_.captured_layers();
+    }
     s.tokens.insert(s.tokens.end(), r.tokens.begin(), r.tokens.end());
   }
   std::vector<std::vector<float>> out;
@@ -124,6 +134,10 @@ void Engine::trim(int seq, int64_t new_len) {
              "engine: cannot trim sequence {} to {} tokens: lightning states are only restorable to a snapshot "
              "(taken at {})", seq, new_len, s.snapshot_len);
   model_.backend().copy_state(s.snapshot_slot, s.slot);
+  cut(s, new_len);
+}
+
+void Engine::cut(Sequence& s, int64_t new_len) {
   s.tokens.resize(size_t(new_len));
   // Pages past the new length go back to the pool; K1/K2 beyond n1/n2(new_len) are simply
   // overwritten when the sequence grows again.
@@ -132,6 +146,39 @@ void Engine::trim(int seq, int64_t new_len) {
     free_pages_.push_back(s.pages.back());
     s.pages.pop_back();
   }
+}
+
+void Engine::begin_speculation(int seq) {
+  snapshot(seq);
+  Sequence& s = get(seq);
+  s.speculating = true;
+  s.capture_step = 0;
+  if (!model_.capturing()) model_.capture_lightning_kv(true, 64);
+}
+
+void Engine::rollback(int seq, int64_t new_len) {
+  Sequence& s = get(seq);
+  const int64_t len = int64_t(s.tokens.size());
+  SALA_CHECK(s.speculating && s.snapshot_len >= 0, "engine: rollback of sequence {} without begin_speculation", seq);
+  SALA_CHECK(new_len >= s.snapshot_len && new_len <= len,
+             "engine: cannot roll sequence {} back to {} tokens (snapshot at {}, length {})", seq, new_len,
+             s.snapshot_len, len);
+  if (new_len == len) return;
+  const int64_t keep = new_len - s.snapshot_len;
+  Backend& be = model_.backend();
+  if (keep == 0) {
+    be.copy_state(s.snapshot_slot, s.slot);
+  } else {
+    const int nl = model_.config().count(MixerKind::Lightning);
+    SALA_CHECK(s.capture_step == steps_ && s.capture_start == s.snapshot_len && s.capture_n >= keep &&
+                   s.capture_layers == nl,
+               "engine: cannot roll sequence {} back to {} tokens: the last forward did not capture tokens [{}, {}) "
+               "of every lightning layer", seq, new_len, s.snapshot_len, new_len);
+    for (int l = 0; l < nl; ++l)
+      be.lightning_rollback(l, s.slot, s.snapshot_slot, model_.captured_k(l).slice_rows(s.capture_row, keep),
+                            model_.captured_v(l).slice_rows(s.capture_row, keep), keep);
+  }
+  cut(s, new_len);
 }
 
 }  // namespace sala

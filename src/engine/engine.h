@@ -38,13 +38,25 @@ class Engine {
   // One forward over all requests (a packed batch). Returns, per request, its logits rows
   // ([rows, vocab] flattened; empty when need_logits is false). Total tokens must fit the model's
   // max_batch_tokens.
-  std::vector<std::vector<float>> step(std::span<const Request> requests);
+  // `n_layers` >= 0 runs only the first layers + final norm + lm_head (the self-draft, spec §6.1);
+  // the caches of the layers it skips are not touched (roll the sequence back afterwards).
+  std::vector<std::vector<float>> step(std::span<const Request> requests, int n_layers = -1);
 
   // Remembers the sequence's lightning states at its current length, so trim() can return to it.
   void snapshot(int seq);
   // Cuts the sequence back to new_len tokens: KV pages and compressed keys are bookkeeping; the
   // lightning states need a snapshot taken at exactly new_len (an error otherwise).
   void trim(int seq, int64_t new_len);
+
+  // Speculative decoding with exact rollback (spec §6.2). begin_speculation snapshots the
+  // lightning states at the current length L and turns on the model's lightning k/v capture;
+  // rollback(seq, new_len) with L <= new_len <= length cuts the sequence back to new_len tokens:
+  // KV pages and K1/K2 are bookkeeping (as in trim), the lightning states become the snapshot
+  // advanced by the first new_len − L tokens of the LAST forward, which must have started at L
+  // (the verify call) and run every layer; new_len == L needs no capture (after a draft pass).
+  // The snapshot stays valid, so several rollbacks to lengths >= L may follow one another.
+  void begin_speculation(int seq);
+  void rollback(int seq, int64_t new_len);
 
  private:
   struct Sequence {
@@ -53,7 +65,13 @@ class Engine {
     int64_t snapshot_len = -1;
     std::vector<int32_t> pages;
     std::vector<int32_t> tokens;
+    bool speculating = false;
+    // Where the last forward's captured lightning k/v of this sequence came from.
+    uint64_t capture_step = 0;
+    int64_t capture_start = -1, capture_row = 0, capture_n = 0;
+    int capture_layers = 0;
   };
+  void cut(Sequence& s, int64_t new_len);
   Sequence& get(int seq);
   const Sequence& get(int seq) const;
   int take_slot();
@@ -66,6 +84,7 @@ class Engine {
   std::vector<int> free_slots_;
   std::unordered_map<int, Sequence> seqs_;
   int next_id_ = 0;
+  uint64_t steps_ = 0;
 };
 
 }  // namespace sala

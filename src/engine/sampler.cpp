@@ -85,4 +85,82 @@ SampledToken Sampler::sample(std::span<const float> logits, std::span<const int3
   return out;
 }
 
+std::vector<double> Sampler::distribution(std::span<const float> logits, std::span<const int32_t> history,
+                                          std::vector<float>* log_softmax) {
+  const int V = int(logits.size());
+  std::vector<float> w(logits.begin(), logits.end());
+  const auto& p = params_;
+  if (p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) {
+    std::unordered_map<int32_t, int> counts;
+    for (int32_t t : history)
+      if (t >= 0 && t < V) counts[t]++;
+    for (auto [t, n] : counts) {
+      float& l = w[size_t(t)];
+      if (p.repetition_penalty != 1.0f) l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+      l -= float(n) * p.frequency_penalty + p.presence_penalty;
+    }
+  }
+  if (log_softmax) {
+    const float mx = *std::max_element(w.begin(), w.end());
+    double z = 0;
+    for (float l : w) z += std::exp(double(l - mx));
+    const float log_z = mx + float(std::log(z));
+    log_softmax->resize(size_t(V));
+    for (int i = 0; i < V; ++i) (*log_softmax)[size_t(i)] = w[size_t(i)] - log_z;
+  }
+  std::vector<double> out(size_t(V), 0.0);
+  if (p.temperature == 0.0f) {
+    out[size_t(std::max_element(w.begin(), w.end()) - w.begin())] = 1.0;
+    return out;
+  }
+  // Same candidate order and truncation as sample().
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  size_t keep = p.top_k > 0 ? std::min<size_t>(size_t(p.top_k), size_t(V)) : size_t(V);
+  auto by_logit = [&](int32_t a, int32_t b) {
+    return w[size_t(a)] > w[size_t(b)] || (w[size_t(a)] == w[size_t(b)] && a < b);
+  };
+  std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(keep), order.end(), by_logit);
+  order.resize(keep);
+  std::vector<double> prob(keep);
+  const float top = w[size_t(order[0])];
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) sum += prob[i] = std::exp(double(w[size_t(order[i])] - top) / p.temperature);
+  if (p.top_p < 1.0f) {
+    double acc = 0;
+    size_t n = 0;
+    while (n < keep) {
+      acc += prob[n++] / sum;
+      if (acc >= p.top_p) break;
+    }
+    keep = n;
+  }
+  if (p.min_p > 0.0f) {
+    size_t n = 1;
+    while (n < keep && prob[n] >= p.min_p * prob[0]) ++n;
+    keep = n;
+  }
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) total += prob[i];
+  for (size_t i = 0; i < keep; ++i) out[size_t(order[i])] = prob[i] / total;
+  return out;
+}
+
+int32_t Sampler::draw(std::span<const double> weights) {
+  double total = 0;
+  for (double x : weights) total += x;
+  SALA_CHECK(total > 0, "sampler: cannot draw from an all-zero distribution");
+  double r = std::uniform_real_distribution<double>(0.0, total)(rng_);
+  size_t last = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] <= 0) continue;
+    last = i;
+    if (r < weights[i]) return int32_t(i);
+    r -= weights[i];
+  }
+  return int32_t(last);
+}
+
+double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
 }  // namespace sala

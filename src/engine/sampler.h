@@ -32,6 +32,16 @@ class Sampler {
   // `history`: tokens the penalties apply to (prompt + generated, as llama.cpp/vLLM do).
   SampledToken sample(std::span<const float> logits, std::span<const int32_t> history);
 
+  // Speculative decoding: the distribution sample() draws from (penalties, temperature, top-k,
+  // top-p, min-p) as a dense probability vector over the vocabulary (sums to 1; temperature 0:
+  // a point mass on the first argmax). Leaves the RNG alone. `log_softmax` (optional) receives the
+  // penalised log-softmax at temperature 1, the values SampledToken::logprob reports.
+  std::vector<double> distribution(std::span<const float> logits, std::span<const int32_t> history,
+                                   std::vector<float>* log_softmax = nullptr);
+  // An index drawn from non-negative weights (need not sum to 1) with this sampler's RNG.
+  int32_t draw(std::span<const double> weights);
+  double uniform();  // U[0, 1) from this sampler's RNG
+
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;

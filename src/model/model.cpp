@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include "core/error.h"
 
@@ -34,6 +35,43 @@ Model::Model(ModelConfig config, ModelWeights weights, Backend& backend, ModelLi
   ws_ = backend_.alloc(total);
   for (size_t i = 0; i < slots.size(); ++i)
     *slots[i].m = Mat{static_cast<uint8_t*>(ws_->data()) + offsets[i], slots[i].dt, slots[i].rows, slots[i].cols};
+}
+
+void Model::capture_lightning_kv(bool on, int64_t max_rows) {
+  capture_on_ = on;
+  captured_rows_ = 0;
+  captured_layers_ = 0;
+  if (!on) return;
+  SALA_CHECK(max_rows > 0, "capture_lightning_kv: max_rows must be positive, got {}", max_rows);
+  const auto& c = config_;
+  const int nl = c.count(MixerKind::Lightning);
+  if (capture_buf_ && capture_cap_ >= max_rows) return;
+  capture_cap_ = max_rows;
+  const int64_t kw = int64_t(c.lightning_kv_heads) * c.lightning_head_dim;
+  const DType act = backend_.act_dtype();
+  const size_t one = (size_t(max_rows * kw) * dtype_size(act) + 255) / 256 * 256;
+  capture_buf_ = backend_.alloc(std::max<size_t>(1, one * 2 * size_t(nl)));
+  cap_k_.clear();
+  cap_v_.clear();
+  auto* base = static_cast<uint8_t*>(capture_buf_->data());
+  for (int i = 0; i < nl; ++i) {
+    cap_k_.push_back(Mat{base + one * size_t(2 * i), act, max_rows, kw});
+    cap_v_.push_back(Mat{base + one * size_t(2 * i + 1), act, max_rows, kw});
+  }
+  capture_index_.resize(size_t(max_rows));
+  for (int64_t r = 0; r < max_rows; ++r) capture_index_[size_t(r)] = r;
+}
+
+Mat Model::captured_k(int lightning_layer) const {
+  SALA_CHECK(lightning_layer >= 0 && lightning_layer < captured_layers_, "captured_k: lightning layer {} not captured",
+             lightning_layer);
+  return cap_k_[size_t(lightning_layer)].slice_rows(0, captured_rows_);
+}
+
+Mat Model::captured_v(int lightning_layer) const {
+  SALA_CHECK(lightning_layer >= 0 && lightning_layer < captured_layers_, "captured_v: lightning layer {} not captured",
+             lightning_layer);
+  return cap_v_[size_t(lightning_layer)].slice_rows(0, captured_rows_);
 }
 
 CacheSpec Model::cache_spec(int max_pages, int max_slots) const {
@@ -79,6 +117,14 @@ void Model::lightning_mixer(int layer, const LayerWeights& w, const Mat& x, Mat 
     backend_.rope(q, c.lightning_head_dim, c.rope_theta);
     backend_.rope(k, c.lightning_head_dim, c.rope_theta);
   }
+  if (capture_on_) {
+    const int li = config_.kind_index(layer);
+    const int64_t m = std::min(n, capture_cap_);
+    backend_.gather_rows(k, std::span(capture_index_).first(size_t(m)), cap_k_[size_t(li)].slice_rows(0, m));
+    backend_.gather_rows(v, std::span(capture_index_).first(size_t(m)), cap_v_[size_t(li)].slice_rows(0, m));
+    captured_rows_ = m;
+    captured_layers_ = li + 1;
+  }
   backend_.lightning_attention(config_.kind_index(layer), q, k, v, attn);
   if (c.use_output_norm) backend_.rmsnorm(attn, w.o_norm, c.rms_norm_eps, attn);
   if (c.use_output_gate) {
@@ -112,6 +158,32 @@ void Model::sparse_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out
   backend_.matmul(attn, w.o, out);
 }
 
+// Key of a decode-shaped forward for backend graph replay (0: not graphed). It fixes every op and
+// shape the model issues: the token count, each sequence's packing and regime, the logit rows
+// (gather_rows passes them in the launch) and the layers run. The backend adds what it bakes into
+// launches from begin_batch itself (work-item counts, metadata addresses).
+static uint64_t decode_graph_key(const BatchInfo& batch, std::span<const int64_t> logit_rows, int n_layers,
+                                 std::initializer_list<const void*> identity) {
+  const int64_t n = batch.n_tokens();
+  if (n > 64 || logit_rows.empty() || int64_t(batch.seqs.size()) != n) return 0;
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](int64_t v) {
+    h ^= uint64_t(v);
+    h *= 1099511628211ull;
+  };
+  for (const void* p : identity) mix(int64_t(reinterpret_cast<uintptr_t>(p)));  // which model
+  mix(n);
+  mix(n_layers);
+  for (const SeqEntry& e : batch.seqs) {
+    if (e.n_new != 1) return 0;
+    mix(e.start);
+    mix(e.sparse ? 1 : 0);
+  }
+  mix(int64_t(logit_rows.size()));
+  for (int64_t r : logit_rows) mix(r);
+  return h | 1;
+}
+
 void Model::forward(const BatchInfo& batch, std::span<const int64_t> logit_rows, std::span<float> logits,
                     int n_layers) {
   const auto& c = config_;
@@ -127,6 +199,17 @@ void Model::forward(const BatchInfo& batch, std::span<const int64_t> logit_rows,
   SALA_CHECK(n_layers <= c.num_layers, "forward: {} layers requested, model has {}", n_layers, c.num_layers);
 
   backend_.begin_batch(batch);
+  captured_rows_ = 0;
+  captured_layers_ = 0;
+  // Decode steps replay a recorded graph of everything up to the logits (no tracing/k-v capture).
+  const uint64_t gkey = trace_rms_ || capture_on_ ? 0 : decode_graph_key(batch, logit_rows, n_layers,
+                                                                               {ws_->data(), weights_.embed.w.data,
+                                                                                weights_.lm_head.w.data});
+  if (gkey && backend_.graph_replay(gkey)) {
+    backend_.download(logits_out_.slice_rows(0, int64_t(logit_rows.size())), logits.data());
+    return;
+  }
+  if (gkey) backend_.graph_capture_begin(gkey);
   Mat h = h_.slice_rows(0, n), x = x_.slice_rows(0, n), mix = mix_.slice_rows(0, n);
   const float alpha = float(c.residual_scale());
   backend_.embed(weights_.embed, c.scale_emb, h);
@@ -166,6 +249,7 @@ void Model::forward(const BatchInfo& batch, std::span<const int64_t> logit_rows,
   backend_.rmsnorm(sel, weights_.final_norm, c.rms_norm_eps, sel);
   backend_.scale(sel, float(1.0 / c.logit_divisor()), sel);
   backend_.matmul(sel, weights_.lm_head, out);
+  if (gkey) backend_.graph_capture_end(gkey);
   backend_.download(out, logits.data());
 }
 

@@ -37,6 +37,17 @@ class Model {
   // embedding and after every layer (a download per layer; never set in serving).
   void trace_layer_rms(std::vector<double>* out) { trace_rms_ = out; }
 
+  // Speculative decoding (spec §6.2): while on, forward() copies the k and v rows of every
+  // lightning layer it runs — post-norm/RoPE, exactly as fed to lightning_attention — for the
+  // first min(N, max_rows) packed rows of the batch into a capture buffer (two gather_rows per
+  // lightning layer; nothing at all when off). Engine::rollback reads them back.
+  void capture_lightning_kv(bool on, int64_t max_rows = 64);
+  bool capturing() const { return capture_on_; }
+  int64_t captured_rows() const { return captured_rows_; }  // rows captured by the last forward
+  int captured_layers() const { return captured_layers_; }  // lightning layers it ran
+  Mat captured_k(int lightning_layer) const;  // [captured_rows, kv width] in backend memory
+  Mat captured_v(int lightning_layer) const;
+
  private:
   void lightning_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out, int64_t n);
   void sparse_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out, int64_t n);
@@ -49,6 +60,13 @@ class Model {
   // Workspace, sized at construction for max_batch_tokens rows.
   std::unique_ptr<Buffer> ws_;
   Mat h_, x_, q_, k_, v_, z_, attn_, mix_, gate_, up_, act_, logits_in_, logits_out_;
+  // Lightning k/v capture (off unless capture_lightning_kv(true)).
+  bool capture_on_ = false;
+  int64_t capture_cap_ = 0, captured_rows_ = 0;
+  int captured_layers_ = 0;
+  std::unique_ptr<Buffer> capture_buf_;
+  std::vector<Mat> cap_k_, cap_v_;  // per lightning layer
+  std::vector<int64_t> capture_index_;
 };
 
 }  // namespace sala

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "model/quant.h"
 
 namespace sala {
 
@@ -104,9 +105,29 @@ ModelWeights assemble(const ModelConfig& c, Load&& load) {
 }  // namespace
 
 ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt, Backend& backend) {
+  // The quantization section lives in the config.json beside the weights (ModelConfig ignores it).
+  QuantConfig q;
+  if (!ckpt.files().empty()) q = load_quant_config(ckpt.files().front().parent_path());
+  return bind_weights(c, ckpt, backend, q);
+}
+
+namespace {
+
+// How one 2-D weight is stored in a (possibly quantized) checkpoint.
+struct WeightPlan {
+  QuantFormat format = QuantFormat::None;
+  int group = 0, bits = 0;
+  std::string scale, zero, bias;  // companion tensor names (zero/bias may be empty)
+};
+
+}  // namespace
+
+ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt, Backend& backend, const QuantConfig& q) {
   const auto expected = expected_tensors(c);
   std::map<std::string, const TensorSpec*> by_name;
   for (const auto& t : expected) by_name[t.name] = &t;
+  std::set<std::string> companions;  // scale/zero/bias tensors claimed by an expected weight
+  std::map<std::string, WeightPlan> plans;
 
   // Disabled steps may still ship their weights (spec §1.1): those are ignored, not unexpected.
   auto disabled_step = [&](const std::string& name) {
@@ -114,24 +135,121 @@ ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt, Backend&
       if (name.size() > std::string(s).size() && name.ends_with(std::string(".") + s)) return true;
     return name == "lm_head.weight" && c.tie_word_embeddings;
   };
+  // Companions of ignored tensors are ignored with them.
+  auto companion_of_ignored = [&](const std::string& name) {
+    for (const char* suf : {"_scale", "_zero"})
+      if (name.ends_with(suf)) {
+        const std::string w = name.substr(0, name.size() - std::string(suf).size());
+        return ignorable(w) || disabled_step(w);
+      }
+    for (const char* suf : {".scales", ".biases"})
+      if (name.ends_with(suf)) {
+        const std::string w = name.substr(0, name.size() - std::string(suf).size()) + ".weight";
+        return ignorable(w) || disabled_step(w);
+      }
+    return false;
+  };
 
   std::vector<std::string> missing, unexpected, bad_shape;
+  auto float_check = [&](const std::string& name, const TensorView& v, const Shape& shape, const char* what) {
+    if (v.shape != shape)
+      bad_shape.push_back(fmt::format("{} is {} (expected {}{})", name, shape_str(v.shape), shape_str(shape), what));
+    else if (!dtype_is_float(v.dtype))
+      bad_shape.push_back(fmt::format("{} has dtype {} (expected a float type)", name, dtype_name(v.dtype)));
+  };
+  auto packed_check = [&](const std::string& name, const TensorView& v, DType dt, const Shape& shape,
+                          const std::string& logical) {
+    if (v.dtype != dt || v.shape != shape)
+      bad_shape.push_back(fmt::format("{} is {} {} (expected {} {}: {} packed as {})", name, dtype_name(v.dtype),
+                                      shape_str(v.shape), dtype_name(dt), shape_str(shape), logical,
+                                      quant_format_name(q.format)));
+  };
+
   for (const auto& t : expected) {
     if (!ckpt.contains(t.name)) {
       missing.push_back(t.name);
       continue;
     }
     const TensorView& v = ckpt.get(t.name);
-    if (v.shape != t.shape)
-      bad_shape.push_back(fmt::format("{} is {} (expected {})", t.name, shape_str(v.shape), shape_str(t.shape)));
-    else if (!dtype_is_float(v.dtype))
-      bad_shape.push_back(fmt::format("{} has dtype {} (expected a float type)", t.name, dtype_name(v.dtype)));
+    if (t.is_vector || !q.quantized()) {
+      float_check(t.name, v, t.shape, "");
+      continue;
+    }
+    const int64_t rows = t.shape[0], cols = t.shape[1];
+    const std::string logical = shape_str(t.shape);
+    const std::string base = t.name.substr(0, t.name.size() - std::string(".weight").size());
+    if (q.format == QuantFormat::MLX) {
+      const std::string sn = base + ".scales", bn = base + ".biases";
+      if (!ckpt.contains(sn) && dtype_is_float(v.dtype)) {  // left unquantized
+        float_check(t.name, v, t.shape, "");
+        continue;
+      }
+      WeightPlan p{QuantFormat::MLX, q.group_size, q.bits, sn, "", bn};
+      if (cols % q.group_size != 0 || (cols * q.bits) % 32 != 0) {
+        bad_shape.push_back(fmt::format("{}: {} columns do not fit group_size {} of {} bits", t.name, cols,
+                                        q.group_size, q.bits));
+        continue;
+      }
+      packed_check(t.name, v, DType::U32, {rows, cols * q.bits / 32}, logical);
+      const Shape ss{rows, cols / q.group_size};
+      for (const std::string& cn : {sn, bn}) {
+        companions.insert(cn);
+        if (!ckpt.contains(cn))
+          missing.push_back(cn);
+        else
+          float_check(cn, ckpt.get(cn), ss, fmt::format(" for {} with group_size {}", logical, q.group_size).c_str());
+      }
+      plans[t.name] = p;
+      continue;
+    }
+    const std::string sn = t.name + "_scale", zn = t.name + "_zero";
+    if (!ckpt.contains(sn) && dtype_is_float(v.dtype)) {  // kept in a float type (embeddings, lm_head)
+      float_check(t.name, v, t.shape, "");
+      continue;
+    }
+    companions.insert(sn);
+    WeightPlan p{q.format, q.group_size, 0, sn, "", ""};
+    Shape ss{rows};
+    if (q.format == QuantFormat::INT4) {
+      if (cols % q.group_size != 0) {
+        bad_shape.push_back(
+            fmt::format("{}: {} columns are not a multiple of group_size {}", t.name, cols, q.group_size));
+        continue;
+      }
+      packed_check(t.name, v, DType::U8, {rows, cols / 2}, logical);
+      ss = {rows, cols / q.group_size};
+      if (ckpt.contains(zn)) {
+        companions.insert(zn);
+        p.zero = zn;
+        const TensorView& z = ckpt.get(zn);
+        if (z.dtype != DType::U8 || z.shape != ss)
+          bad_shape.push_back(fmt::format("{} is {} {} (expected U8 {})", zn, dtype_name(z.dtype),
+                                          shape_str(z.shape), shape_str(ss)));
+      }
+    } else {
+      packed_check(t.name, v, q.format == QuantFormat::FP8 ? DType::F8_E4M3 : DType::I8, t.shape, logical);
+    }
+    if (!ckpt.contains(sn)) {
+      missing.push_back(sn);
+      continue;
+    }
+    const TensorView& s = ckpt.get(sn);
+    const Shape s2{rows, 1};
+    float_check(sn, s, (q.format != QuantFormat::INT4 && s.shape == s2) ? s2 : ss,
+                q.format == QuantFormat::INT4
+                    ? fmt::format(" for {} with group_size {}", logical, q.group_size).c_str()
+                    : fmt::format(" for {}: one scale per output channel", logical).c_str());
+    plans[t.name] = p;
   }
   for (const auto& [name, view] : ckpt.tensors())
-    if (!by_name.count(name) && !ignorable(name) && !disabled_step(name)) unexpected.push_back(name);
+    if (!by_name.count(name) && !companions.count(name) && !ignorable(name) && !disabled_step(name) &&
+        !companion_of_ignored(name))
+      unexpected.push_back(name);
 
   if (!missing.empty() || !unexpected.empty() || !bad_shape.empty()) {
-    std::string msg = "checkpoint does not match config.json:";
+    std::string msg = "checkpoint does not match config.json";
+    if (q.quantized()) msg += fmt::format(" (quantization: {})", quant_format_name(q.format));
+    msg += ":";
     auto list = [&](const char* what, const std::vector<std::string>& items) {
       if (items.empty()) return;
       msg += fmt::format("\n  {} ({}):", what, items.size());
@@ -146,7 +264,17 @@ ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt, Backend&
 
   return assemble(c, [&](const std::string& name) {
     const TensorView& v = ckpt.get(name);
-    return v.shape.size() == 1 ? backend.load_vector(v) : backend.load_weight(v);
+    if (v.shape.size() == 1) return backend.load_vector(v);
+    auto it = plans.find(name);
+    if (it == plans.end()) return backend.load_weight(v);
+    // Dequantize one tensor to f32 on the host, upload it, free it: never the whole model twice.
+    const WeightPlan& p = it->second;
+    const TensorSpec& t = *by_name.at(name);
+    std::vector<float> w(size_t(shape_numel(t.shape)));
+    const TensorView* zero = p.zero.empty() ? nullptr : &ckpt.get(p.zero);
+    const TensorView* bias = p.bias.empty() ? nullptr : &ckpt.get(p.bias);
+    dequantize_views(p.format, p.group, p.bits, t.shape[0], t.shape[1], v, ckpt.get(p.scale), zero, bias, w.data());
+    return backend.load_weight(TensorView{w.data(), DType::F32, t.shape});
   });
 }
 

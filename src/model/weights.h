@@ -11,6 +11,7 @@
 namespace sala {
 
 class Checkpoint;
+struct QuantConfig;
 
 struct LayerWeights {
   MixerKind kind = MixerKind::Lightning;
@@ -40,7 +41,12 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& config);
 
 // Checks names and shapes (ignoring "*rotary_emb*" and "*compress*" tensors and weights of
 // disabled steps) and uploads every tensor through the backend.
+// A quantized checkpoint (config.json "quantization", docs/quantization.md) is dequantized to f32
+// one tensor at a time on the host; packed shapes are checked against the logical ones. The
+// quantization section is read from the config.json beside the checkpoint's files.
 ModelWeights bind_weights(const ModelConfig& config, const Checkpoint& checkpoint, Backend& backend);
+ModelWeights bind_weights(const ModelConfig& config, const Checkpoint& checkpoint, Backend& backend,
+                          const QuantConfig& quant);
 
 // Random weights generated on the backend (benchmarks of full-size shapes without a file), with
 // the same scales `sala init` uses.

@@ -38,6 +38,8 @@ class CpuBackend final : public Backend {
   void gather_rows(const Mat& x, std::span<const int64_t> rows, Mat out) override;
   void lightning_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) override;
   void sparse_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) override;
+  void lightning_rollback(int layer, int slot, int snapshot_slot, const Mat& k, const Mat& v,
+                          int64_t keep) override;  // cpu_rollback.cpp
 
   // Cache layout (f32), exposed for tests:
   //   K, V pages:  [sparse_layer][page][block_size][kv_heads][head_dim]

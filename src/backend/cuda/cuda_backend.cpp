@@ -129,10 +129,18 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   SALA_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
   // SALA_CUDA_PDL=0 turns programmatic dependent launch off (A/B measurements).
   if (const char* e = std::getenv("SALA_CUDA_PDL")) pdl_ = std::string(e) != "0";
+  // SALA_CUDA_GRAPHS=0 runs decode forwards eagerly (no CUDA graphs).
+  if (const char* e = std::getenv("SALA_CUDA_GRAPHS")) graphs_ = std::string(e) != "0";
+  SALA_CUDA_CHECK(cudaEventCreate(&ev_start_));
+  SALA_CUDA_CHECK(cudaEventCreate(&ev_end_));
 }
 
 CudaBackend::~CudaBackend() {
+  if (capturing_) abort_capture();
   cudaStreamSynchronize(stream_);
+  clear_graphs();
+  if (ev_start_) cudaEventDestroy(ev_start_);
+  if (ev_end_) cudaEventDestroy(ev_end_);
   for (void* p : {k_, v_, k1_, k2_, static_cast<void*>(states_), static_cast<void*>(log_decay_)})
     if (p) cudaFree(p);
   if (cublas_) cublasDestroy(cublas_);
@@ -216,7 +224,9 @@ Weight CudaBackend::random_weight(int64_t rows, int64_t cols, float mean, float 
 // ---- caches ----
 
 void CudaBackend::create_caches(const CacheSpec& spec) {
+  if (capturing_) abort_capture();
   synchronize();
+  clear_graphs();
   for (void** p : {&k_, &v_, &k1_, &k2_, reinterpret_cast<void**>(&states_), reinterpret_cast<void**>(&log_decay_)})
     if (*p) {
       SALA_CUDA_CHECK(cudaFree(*p));
@@ -314,6 +324,9 @@ std::vector<float> CudaBackend::debug_pool(int which) {
 void CudaBackend::begin_batch(const BatchInfo& batch) {
   SALA_CHECK(batch.positions.size() == batch.tokens.size(), "batch: {} positions for {} tokens",
              batch.positions.size(), batch.tokens.size());
+  if (capturing_) abort_capture();  // a forward threw while being captured
+  collect_timing();
+  batch_ready_ = false;
   const int64_t N = batch.n_tokens();
   n_tokens_ = N;
   tokens_host_ = batch.tokens;
@@ -554,6 +567,166 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
     partial_ml_.reserve(std::max<size_t>(size_t(partial_slots) * 16 * 2 * 4, 256));
   }
   batch_ready_ = true;
+  graph_sig_ = launch_signature();
+}
+
+// ---- CUDA graphs ----
+//
+// Everything the ops bake into a launch from begin_batch (grid sizes from the item counts, the
+// addresses of the metadata sections and of the scratch arenas) or from knobs goes into the
+// signature; device-side metadata (lengths, pages, selection items) is read by the kernels at run
+// time and may change freely between replays. The model's key adds its shapes and buffers.
+
+namespace {
+struct Fnv {
+  uint64_t h = 1469598103934665603ull;
+  void operator()(uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  void operator()(const void* p) { (*this)(uint64_t(reinterpret_cast<uintptr_t>(p))); }
+};
+constexpr size_t kMaxGraphs = 48;       // instantiated graphs held (least recently used evicted)
+constexpr size_t kMaxGraphKeys = 1024;  // keys remembered (seen once / failed) before a reset
+}  // namespace
+
+uint64_t CudaBackend::launch_signature() const {
+  Fnv f;
+  for (int64_t v : {n_tokens_, int64_t(n_seqs_), int64_t(n_rec_), int64_t(n_chunked_), int64_t(n_jobs_),
+                    int64_t(n_sel_), int64_t(n_items_), int64_t(n_combine_), int64_t(n_dense_items_),
+                    int64_t(max_blocks_), int64_t(rows_covered_), int64_t(use_gemv_), int64_t(gemv_mode_),
+                    int64_t(pdl_), int64_t(gla_fma_), sparse_shared_max_blocks_})
+    f(uint64_t(v));
+  for (const void* p : std::initializer_list<const void*>{d_tokens_, static_cast<const void*>(d_positions_),
+                        static_cast<const void*>(d_seqs_), static_cast<const void*>(d_pages_),
+                        static_cast<const void*>(d_row_dst_), static_cast<const void*>(d_rec_list_),
+                        static_cast<const void*>(d_chunk_list_), static_cast<const void*>(d_jobs_),
+                        static_cast<const void*>(d_sel_items_), static_cast<const void*>(d_items_),
+                        static_cast<const void*>(d_combine_), static_cast<const void*>(d_dense_items_),
+                        sel_.data(), scores_.data(), keys_.data(), partial_.data(), partial_ml_.data(),
+                        x_bf16_.data(), k_, v_, k1_, k2_, static_cast<const void*>(states_),
+                        static_cast<const void*>(log_decay_)})
+    f(p);
+  return f.h;
+}
+
+void CudaBackend::set_graphs(bool on) {
+  if (!on) clear_graphs();
+  graphs_ = on;
+}
+
+size_t CudaBackend::graph_count() const {
+  size_t n = 0;
+  for (const auto& [k, e] : graph_map_) n += e.exec != nullptr;
+  return n;
+}
+
+void CudaBackend::clear_graphs() {
+  for (auto& [k, e] : graph_map_)
+    if (e.exec) cudaGraphExecDestroy(e.exec);
+  graph_map_.clear();
+}
+
+void CudaBackend::abort_capture() {
+  cudaGraph_t g = nullptr;
+  cudaStreamEndCapture(stream_, &g);
+  if (g) cudaGraphDestroy(g);
+  cudaGetLastError();
+  graph_map_[capturing_].failed = true;
+  capturing_ = 0;
+  timing_ = false;
+}
+
+void CudaBackend::collect_timing() {
+  if (!timing_) return;
+  timing_ = false;
+  float ms = 0;
+  SALA_CUDA_CHECK(cudaEventSynchronize(ev_end_));
+  SALA_CUDA_CHECK(cudaEventElapsedTime(&ms, ev_start_, ev_end_));
+  gstats_.gpu_ms += double(ms);
+}
+
+Backend::GraphStats CudaBackend::graph_stats() {
+  collect_timing();
+  GraphStats s = gstats_;
+  s.enabled = graphs_;
+  return s;
+}
+
+static uint64_t full_graph_key(uint64_t key, uint64_t sig) {
+  Fnv f;
+  f(key);
+  f(sig);
+  return f.h;
+}
+
+bool CudaBackend::graph_replay(uint64_t key) {
+  if (!graphs_ || !batch_ready_ || capturing_) return false;
+  auto it = graph_map_.find(full_graph_key(key, graph_sig_));
+  if (it == graph_map_.end() || !it->second.exec) return false;
+  collect_timing();
+  it->second.last_use = ++graph_clock_;
+  SALA_CUDA_CHECK(cudaEventRecord(ev_start_, stream_));
+  SALA_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
+  SALA_CUDA_CHECK(cudaEventRecord(ev_end_, stream_));
+  timing_ = true;
+  ++gstats_.replays;
+  return true;
+}
+
+void CudaBackend::graph_capture_begin(uint64_t key) {
+  collect_timing();
+  SALA_CUDA_CHECK(cudaEventRecord(ev_start_, stream_));
+  if (!graphs_ || !batch_ready_ || capturing_) return;
+  const uint64_t full = full_graph_key(key, graph_sig_);
+  if (graph_map_.size() >= kMaxGraphKeys && !graph_map_.count(full)) clear_graphs();
+  auto [it, first_sight] = graph_map_.try_emplace(full);
+  // First sight runs eagerly: lazy one-time work (kernel attributes, RoPE tables) must not happen
+  // inside a capture, and a key seen once may never come back.
+  if (first_sight || it->second.failed || it->second.exec) return;
+  if (graph_count() >= kMaxGraphs) {
+    auto lru = graph_map_.end();
+    for (auto j = graph_map_.begin(); j != graph_map_.end(); ++j)
+      if (j->second.exec && (lru == graph_map_.end() || j->second.last_use < lru->second.last_use)) lru = j;
+    if (lru != graph_map_.end()) {
+      cudaGraphExecDestroy(lru->second.exec);
+      lru->second.exec = nullptr;
+    }
+  }
+  SALA_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  capturing_ = full;
+}
+
+void CudaBackend::graph_capture_end(uint64_t key) {
+  if (!capturing_) {
+    SALA_CUDA_CHECK(cudaEventRecord(ev_end_, stream_));
+    timing_ = true;
+    ++gstats_.eager;
+    return;
+  }
+  const uint64_t full = capturing_;
+  capturing_ = 0;
+  cudaGraph_t g = nullptr;
+  cudaError_t err = cudaStreamEndCapture(stream_, &g);
+  cudaGraphExec_t exec = nullptr;
+  if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, g, 0);
+  if (g) cudaGraphDestroy(g);
+  GraphEntry& e = graph_map_[full];
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    e.failed = true;
+    // The captured ops did not run: this forward's results are lost.
+    fail("CUDA graph capture of a decode forward failed: {} (run with SALA_CUDA_GRAPHS=0)",
+         cudaGetErrorString(err));
+  }
+  e.exec = exec;
+  e.last_use = ++graph_clock_;
+  SALA_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+  SALA_CUDA_CHECK(cudaEventRecord(ev_end_, stream_));
+  timing_ = true;
+  ++gstats_.captures;
 }
 
 // ---- ops ----

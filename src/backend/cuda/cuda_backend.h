@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <map>
+#include <unordered_map>
 #include <memory>
 #include <vector>
 
@@ -87,6 +88,18 @@ class CudaBackend final : public Backend {
   void lightning_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) override;
   void sparse_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) override;
 
+  // CUDA graphs of decode forwards (docs/cuda-backend.md). A recording is keyed by the model's key
+  // and the launch signature of the last begin_batch (item counts, metadata/scratch addresses,
+  // knobs); the first forward with a new key runs eagerly (warms lazy allocations), the second is
+  // captured and launched, later ones replay. SALA_CUDA_GRAPHS=0 or set_graphs(false) disables.
+  bool graph_replay(uint64_t key) override;
+  void graph_capture_begin(uint64_t key) override;
+  void graph_capture_end(uint64_t key) override;
+  GraphStats graph_stats() override;
+  void set_graphs(bool on);
+  bool graphs() const { return graphs_; }
+  size_t graph_count() const;  // instantiated graphs held
+
   // For tests and benchmarks.
   cudaStream_t stream() const { return stream_; }
   const CacheSpec& spec() const { return spec_; }
@@ -115,6 +128,10 @@ class CudaBackend final : public Backend {
  private:
   void gemm_cublas(const Mat& x, const Weight& w, Mat y);
   const float* inv_freq(double theta, int head_dim);
+  void clear_graphs();
+  void abort_capture();
+  void collect_timing();
+  uint64_t launch_signature() const;
 
   int device_ = 0;
   cudaDeviceProp props_{};
@@ -174,6 +191,21 @@ class CudaBackend final : public Backend {
   DeviceArena gather_idx_;
   HostStage gather_stage_;
   std::map<std::pair<double, int>, std::unique_ptr<Buffer>> inv_freq_;
+
+  // CUDA graphs.
+  struct GraphEntry {
+    cudaGraphExec_t exec = nullptr;  // null: seen once, not captured yet
+    uint64_t last_use = 0;
+    bool failed = false;  // capture failed: always eager
+  };
+  bool graphs_ = true;
+  std::unordered_map<uint64_t, GraphEntry> graph_map_;
+  uint64_t graph_sig_ = 0;    // launch signature of the last begin_batch
+  uint64_t graph_clock_ = 0;
+  uint64_t capturing_ = 0;    // full key being captured (0: none)
+  bool timing_ = false;       // a forward between the two events is pending
+  cudaEvent_t ev_start_ = nullptr, ev_end_ = nullptr;
+  GraphStats gstats_;
 };
 
 std::unique_ptr<Backend> make_cuda_backend(int device);

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# `sala quantize`: every format converts a tiny checkpoint, prints per-tensor errors and a total,
+# writes the quantization section, copies the tokenizer; the result loads and runs; usage errors.
+set -euo pipefail
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+"$SALA" init "$tmp/f32" --preset tiny --seed 2 --dtype f32 >/dev/null
+"$SALA" logits "$tmp/f32" --tokens 1,5,6,7,8,9 --out "$tmp/ref.npy" 2>/dev/null
+for fmt in fp8 int8 int4; do
+  out=$("$SALA" quantize "$tmp/f32" "$tmp/$fmt" --format "$fmt")
+  grep -q "model.layers.0.mlp.gate_proj.weight" <<<"$out" || fail "$fmt: no per-tensor row: $out"
+  grep -q "model.embed_tokens.weight .*kept (embedding)" <<<"$out" || fail "$fmt: embedding not kept: $out"
+  grep -q "model.norm.weight .*kept (norm)" <<<"$out" || fail "$fmt: norm not kept"
+  grep -Eq "^total: 32 tensors quantized \($fmt.*rel_fro [0-9.]+e-0[1-3]" <<<"$out" || fail "$fmt: total: $out"
+  grep -q "\"quantization\"" "$tmp/$fmt/config.json" || fail "$fmt: no quantization section"
+  grep -q "\"format\": \"$fmt\"" "$tmp/$fmt/config.json" || fail "$fmt: format not recorded"
+  [ -f "$tmp/$fmt/tokenizer.json" ] || fail "$fmt: tokenizer not copied"
+  [ "$(stat -c %s "$tmp/$fmt/model.safetensors")" -lt "$(stat -c %s "$tmp/f32/model.safetensors")" ] || fail "$fmt: not smaller"
+  "$SALA" logits "$tmp/$fmt" --tokens 1,5,6,7,8,9 --out "$tmp/$fmt.npy" 2>/dev/null || fail "$fmt: does not load"
+  "$SALA" info "$tmp/$fmt" >/dev/null || fail "$fmt: info fails"
+done
+grep -q '"group_size": 64' "$tmp/int4/config.json" || fail "int4 group not recorded"
+grep -q '"zero_points": true' "$tmp/int4/config.json" || fail "int4 default is not zero points"
+out=$("$SALA" quantize "$tmp/f32" "$tmp/int4sym" --format int4 --symmetric --quiet)
+grep -q "symmetric" <<<"$out" || fail "symmetric: $out"
+grep -aq "weight_zero" "$tmp/int4/model.safetensors" || fail "int4 default wrote no zero points"
+! grep -aq "weight_zero" "$tmp/int4sym/model.safetensors" || fail "symmetric wrote zero points"
+"$SALA" logits "$tmp/int4sym" --tokens 1,5,6 --out "$tmp/sym.npy" 2>/dev/null || fail "int4 symmetric does not load"
+! "$SALA" quantize "$tmp/f32" "$tmp/x" --format int8 --symmetric 2>/dev/null || fail "--symmetric accepted for int8"
+
+# Errors: bad format, group that does not divide the tiny model's 64 columns, already quantized.
+! "$SALA" quantize "$tmp/f32" "$tmp/x" --format int3 2>/dev/null || fail "int3 accepted"
+! "$SALA" quantize "$tmp/f32" "$tmp/x" --format int4 --group 128 2>"$tmp/err" || fail "group 128 accepted on tiny"
+grep -q "not a multiple of the group size 128" "$tmp/err" || fail "group message: $(cat "$tmp/err")"
+! "$SALA" quantize "$tmp/int8" "$tmp/x" --format int4 2>"$tmp/err" || fail "re-quantized"
+grep -q "already quantized" "$tmp/err" || fail "already quantized message: $(cat "$tmp/err")"
+# An unknown format in config.json: the loader names the field.
+sed -i 's/"format": "int8"/"format": "int3"/' "$tmp/int8/config.json"
+! "$SALA" logits "$tmp/int8" --tokens 1,2 --out "$tmp/x.npy" 2>"$tmp/err" || fail "int3 config loaded"
+grep -q "quantization.format" "$tmp/err" || fail "unknown format message: $(cat "$tmp/err")"
+echo OK

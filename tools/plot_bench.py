@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Plots `sala bench --json` results: decode tok/s vs context (with each run's roofline), TTFT vs
+context, and memory vs context when the rows carry it, next to the published reference points of
+the model's authors (A6000D). Prints a Markdown table of every file's rows on stdout.
+Debian's python3-matplotlib (scripts/setup.sh).
+
+usage: /usr/bin/python3 tools/plot_bench.py RESULT.json [MORE.json ...] --out docs/img/ [--prefix bench]
+writes OUT/PREFIX-decode.png, OUT/PREFIX-ttft.png and, if any row has memory, OUT/PREFIX-memory.png
+"""
+import argparse
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+K = 1024
+# Published by the model's authors (MiniCPM-SALA, A6000D GPU): TTFT in seconds by context, and a
+# decode speed of about 56 tok/s that stays flat over context.
+AUTHORS_LABEL = "A6000D (authors)"
+AUTHORS_TTFT = {64 * K: 12.3, 128 * K: 25.2, 256 * K: 51.6, 512 * K: 109.9, 1024 * K: 250.3}
+AUTHORS_DECODE = 56.0
+MEMORY_KEYS = ("peak_memory_bytes", "memory_bytes", "peak_rss_bytes", "device_memory_bytes")
+X_TICKS = [4 * K, 8 * K, 16 * K, 32 * K, 64 * K, 128 * K, 256 * K, 512 * K, 1024 * K]
+
+
+def size_label(n):
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20}M"
+    if n >= K and n % K == 0:
+        return f"{n >> 10}K"
+    return str(n)
+
+
+def load(path):
+    with open(path) as f:
+        d = json.load(f)
+    d["_path"] = path
+    d["_label"] = f"{d.get('model', '?')} / {d.get('backend', '?')} ({os.path.basename(path)})"
+    d["_rows1"] = sorted((r for r in d.get("rows", []) if r.get("batch", 1) == 1), key=lambda r: r["context"])
+    return d
+
+
+def memory_of(row):
+    for k in MEMORY_KEYS:
+        if row.get(k):
+            return row[k]
+    return None
+
+
+def setup_axes(ax, xs, ylabel):
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(X_TICKS) | set(xs))
+    lo, hi = min(xs + [4 * K]), max(xs + [1024 * K])
+    ticks = [t for t in ticks if lo <= t <= hi]
+    ax.set_xticks(ticks, [size_label(t) for t in ticks], rotation=45)
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def plot_decode(docs, out):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = []
+    for d in docs:
+        rows = d["_rows1"]
+        if not rows:
+            continue
+        x = [r["context"] for r in rows]
+        xs += x
+        line, = ax.plot(x, [r["decode_tok_s"] for r in rows], "o-", label=d["_label"])
+        if all("roofline_tok_s" in r for r in rows):
+            ax.plot(x, [r["roofline_tok_s"] for r in rows], "--", color=line.get_color(), alpha=0.7,
+                    label=f"roofline ({d.get('backend', '?')})")
+    ax.axhline(AUTHORS_DECODE, color="black", linestyle=":", label=f"{AUTHORS_LABEL}: ~{AUTHORS_DECODE:g} tok/s")
+    ax.set_yscale("log")
+    setup_axes(ax, xs, "decode tok/s (batch 1)")
+    ax.set_title("decode speed vs context")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def plot_ttft(docs, out):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = list(AUTHORS_TTFT)
+    for d in docs:
+        rows = d["_rows1"]
+        if rows:
+            x = [r["context"] for r in rows]
+            xs += x
+            ax.plot(x, [r["ttft_s"] for r in rows], "o-", label=d["_label"])
+    ax.plot(list(AUTHORS_TTFT), list(AUTHORS_TTFT.values()), "k^:", label=AUTHORS_LABEL)
+    for x, y in AUTHORS_TTFT.items():
+        ax.annotate(f"{y:g} s", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+    ax.set_yscale("log")
+    setup_axes(ax, xs, "time to first token (s)")
+    ax.set_title("TTFT (prefill of the whole context) vs context")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def plot_memory(docs, out):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = []
+    for d in docs:
+        rows = [r for r in d["_rows1"] if memory_of(r)]
+        if rows:
+            x = [r["context"] for r in rows]
+            xs += x
+            ax.plot(x, [memory_of(r) / 2**30 for r in rows], "o-", label=d["_label"])
+    setup_axes(ax, xs, "memory (GiB)")
+    ax.set_title("memory vs context")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def table(d):
+    lines = [f"`{d['_path']}`: {d.get('model', '?')}, backend {d.get('backend', '?')}", ""]
+    c = d.get("ceilings", {})
+    if c:
+        lines += [f"ceilings: {c.get('bandwidth_bytes_s', 0) / 1e9:.1f} GB/s, {c.get('matmul_flop_s', 0) / 1e12:.3f} TFLOP/s", ""]
+    lines += ["| context | batch | prefill tok/s | TTFT s | decode tok/s | roofline tok/s | % roofline |",
+              "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in d.get("rows", []):
+        lines.append(f"| {size_label(r['context'])} | {r['batch']} | {r.get('prefill_tok_s', 0):.0f} | "
+                     f"{r.get('ttft_s', 0):.3f} | {r.get('decode_tok_s', 0):.1f} | {r.get('roofline_tok_s', 0):.1f} | "
+                     f"{r.get('pct_roofline', 0):.1f} |")
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("json", nargs="+")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--prefix", default="bench", help="file name prefix (default: bench)")
+    a = p.parse_args()
+    docs = [load(f) for f in a.json]
+    os.makedirs(a.out, exist_ok=True)
+    written = []
+    for name, fn in (("decode", plot_decode), ("ttft", plot_ttft)):
+        path = os.path.join(a.out, f"{a.prefix}-{name}.png")
+        fn(docs, path)
+        written.append(path)
+    if any(memory_of(r) for d in docs for r in d["_rows1"]):
+        path = os.path.join(a.out, f"{a.prefix}-memory.png")
+        plot_memory(docs, path)
+        written.append(path)
+    for d in docs:
+        print(table(d))
+        print()
+    print("wrote " + ", ".join(written))
+
+
+if __name__ == "__main__":
+    main()
