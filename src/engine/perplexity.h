@@ -1,7 +1,8 @@
 // Sliding-window perplexity, the Hugging Face recipe ("Perplexity of fixed-length models"):
 // windows of `ctx` tokens start every `stride` tokens; each window scores only the tokens that the
-// previous window did not score (its last end), each from the logits of the token before it, so
-// every token after the first is scored exactly once. Unlike HF's per-window average, the result is
+// previous window did not score (its last end), each from the logits of the token before it in the
+// same window. With stride < ctx every token after the first is scored exactly once; with disjoint
+// windows (stride == ctx) each window's first token has no context and is not scored. Unlike HF's per-window average, the result is
 // the exact mean negative log-likelihood over all scored tokens.
 #pragma once
 #include <cstdint>
