@@ -4,7 +4,7 @@
 # Configures (Release, Ninja, CUDA arch 90, vendored headers from .carry/include when present),
 # builds, runs the CUDA parity tests (sala_cuda_tests), the kernel benchmarks, then — when they
 # exist — the end-to-end GPU checks (tests/cuda/e2e_*.sh, run with $SALA and $SALA_ROOT set) and
-# `sala bench` (arguments from $SALA_BENCH_ARGS; default: random 9B weights, contexts 1k-32k). Missing optional steps are skipped with a message.
+# `sala bench` (arguments from $SALA_BENCH_ARGS, time limit $SALA_BENCH_TIMEOUT s (300); default: random 9B weights, contexts 1k-32k). Missing optional steps are skipped with a message.
 # A short summary table is printed last. Steps can be chosen with
 #   SALA_DEVICE_STEPS="build test bench e2e sala-bench"   (default: all)
 # Exit status: non-zero if the build or any run step failed.
@@ -119,7 +119,7 @@ fi
 if want sala-bench; then
   if [ -x "$SALA" ] && "$SALA" --help 2>&1 | grep -qE '^[[:space:]]+bench([[:space:]]|$)'; then
     # shellcheck disable=SC2086
-    run sala-bench "$OUT/sala_bench.log" timeout 300 "$SALA" bench ${SALA_BENCH_ARGS:---random 9b --backend cuda --contexts 1k,8k,32k --batches 1,8 --decode-steps 8 --json $OUT/sala_bench.json}
+    run sala-bench "$OUT/sala_bench.log" timeout "${SALA_BENCH_TIMEOUT:-300}" "$SALA" bench ${SALA_BENCH_ARGS:---random 9b --backend cuda --contexts 1k,8k,32k --batches 1,8 --decode-steps 8 --json $OUT/sala_bench.json}
     if [ "$LAST_RC" -eq 0 ]; then note sala-bench ok "$LAST_DT" "sala_bench.log"; else note sala-bench FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
   else
     echo "sala-bench: no 'sala bench' command yet — skipped"

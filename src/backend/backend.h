@@ -40,12 +40,48 @@ class Buffer {
   Mat mat(DType dtype, int64_t rows, int64_t cols) { return {data(), dtype, rows, cols}; }
 };
 
+// How a weight matrix is held in backend memory (docs/quantization.md, "Formats in memory").
+// Every checkpoint quantization maps onto one of the packed formats at load:
+//   FP8     e4m3 codes, one f32 scale per output row:  w = s[o] · e4m3(q)
+//   Q8, Q4  unsigned 8-/4-bit codes q, one f32 scale s and bias b per group of `group` input
+//           columns of a row (group = in: per row):     w = s · q + b
+// int8 (signed, per row) is q + 128 with b = −128·s; int4 symmetric q + 8 with b = −8·s; int4
+// with zero points b = −s·z; MLX affine is this form already (bf16 scales/biases widened to f32).
+enum class WeightFormat : uint8_t { Dense, FP8, Q8, Q4 };
+const char* weight_format_name(WeightFormat f);  // "dense", "fp8", "q8", "q4"
+
+// A quantized [rows, cols] matrix in the canonical host layout load_quantized_weight takes
+// (borrowed). codes: row-major, one byte per value (FP8, Q8) or two per byte for Q4 (element 2j
+// in the low nibble of byte j of its row); scales and biases: f32 [rows, cols / group]; biases
+// empty for FP8.
+struct QuantMatrixView {
+  WeightFormat format = WeightFormat::Q4;
+  int64_t rows = 0, cols = 0;
+  int64_t group = 0;  // input columns per (scale, bias); cols for one per row
+  std::span<const uint8_t> codes;
+  std::span<const float> scales;
+  std::span<const float> biases;
+  int64_t groups() const { return group > 0 ? cols / group : 0; }
+  size_t code_bytes() const { return size_t(rows) * size_t(format == WeightFormat::Q4 ? cols / 2 : cols); }
+  // Throws sala::Error naming `name` when sizes, group or codes (e4m3 NaN) are inconsistent.
+  void validate(const std::string& name) const;
+};
+
 // A weight matrix [out, in] in the layout and format the backend wants (converted at load).
 struct Weight {
-  Mat w;                       // backend format: f32 on CPU, bf16 on CUDA (quantized formats later)
+  // Dense: the values (f32 on CPU, bf16 on CUDA). Packed: data = the codes in the backend's own
+  // layout (CPU: canonical row-major; CUDA: mma tiles), dtype U8, rows × cols the logical [out, in].
+  Mat w;
+  WeightFormat format = WeightFormat::Dense;
+  int64_t group = 0;        // packed: input columns per scale (in: one per row)
+  void* scales = nullptr;   // packed, backend layout. CPU: f32 [out, in/group]; CUDA: tiled (s, b) pairs
+  void* biases = nullptr;   // CPU Q8/Q4: f32 [out, in/group]; otherwise null
+  size_t packed_bytes = 0;  // packed: bytes a product reads (codes + scales + biases, with padding)
   std::shared_ptr<Buffer> storage;
   int64_t out() const { return w.rows; }
   int64_t in() const { return w.cols; }
+  bool packed() const { return format != WeightFormat::Dense; }
+  size_t nbytes() const { return packed() ? packed_bytes : w.nbytes(); }
 };
 
 // Geometry and constants of the cache pools; fixed when the backend's caches are created.
@@ -87,6 +123,7 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  virtual std::string device_name() const { return name(); }  // the hardware, for reports
   virtual DType act_dtype() const = 0;  // dtype of activations between ops
 
   // Memory. Buffers are uninitialised.
@@ -98,6 +135,13 @@ class Backend {
   // A [rows, cols] weight filled on the backend itself with values mean + std * N(0,1) from a
   // counter-based generator (seed, index) — used to benchmark full-size models without a file.
   virtual Weight random_weight(int64_t rows, int64_t cols, float mean, float std, uint64_t seed) = 0;
+  // A quantized matrix kept packed (docs/quantization.md); matmul decodes it on the fly.
+  virtual Weight load_quantized_weight(const QuantMatrixView& q, const std::string& name) = 0;
+  // Random packed codes with plausible scales (values of standard deviation ~std, mean ~0), for
+  // benchmarks of quantized full-size models. The default builds the canonical host form and
+  // calls load_quantized_weight; the CUDA backend generates it on the device.
+  virtual Weight random_quantized_weight(WeightFormat format, int64_t rows, int64_t cols, int64_t group, float std,
+                                         uint64_t seed);
   virtual void synchronize() {}
 
   // Caches. create_caches allocates the pools; reset_state zeroes one lightning slot;
@@ -118,6 +162,37 @@ class Backend {
   virtual void rmsnorm(const Mat& x, const Weight& w, float eps, Mat y) = 0;
   // In-place rotate-half RoPE of every head of x ([N, heads*head_dim]) at the batch positions.
   virtual void rope(Mat x, int head_dim, double theta) = 0;
+  // Several weights applied to the same x: parts[i].y = x · parts[i].wᵀ. The default issues one
+  // matmul per part; a backend may fuse them (CUDA decode: one grouped GEMV launch).
+  struct MatmulPart {
+    const Weight* w;
+    Mat y;
+  };
+  virtual void matmul_group(const Mat& x, std::span<const MatmulPart> parts) {
+    for (const MatmulPart& p : parts) matmul(x, *p.w, p.y);
+  }
+  // The residual update fused with the next norm: h = h + alpha·a, then y = rmsnorm(h)·w (y must
+  // not alias a). Same results as add_scaled followed by rmsnorm.
+  virtual void add_rmsnorm(Mat h, const Mat& a, float alpha, const Weight& w, float eps, Mat y) {
+    add_scaled(h, a, alpha);
+    rmsnorm(h, w, eps, y);
+  }
+  // Per-head RMSNorm of q and k (weights [1, head_dim]) followed, when `rope`, by rotate-half RoPE
+  // at the batch positions — the lightning layers' q/k path. Default: the four separate ops.
+  virtual void qk_norm_rope(Mat q, Mat k, const Weight& q_norm, const Weight& k_norm, float eps, int head_dim,
+                            bool rope, double theta) {
+    rmsnorm(q.reshape(q.rows * q.cols / head_dim, head_dim), q_norm, eps, q.reshape(q.rows * q.cols / head_dim, head_dim));
+    rmsnorm(k.reshape(k.rows * k.cols / head_dim, head_dim), k_norm, eps, k.reshape(k.rows * k.cols / head_dim, head_dim));
+    if (rope) {
+      this->rope(q, head_dim, theta);
+      this->rope(k, head_dim, theta);
+    }
+  }
+  // y = rmsnorm(x)·w gated by sigmoid(z): the lightning output norm and gate. Default: two ops.
+  virtual void rmsnorm_gate(const Mat& x, const Weight& w, float eps, const Mat& z, Mat y) {
+    rmsnorm(x, w, eps, y);
+    sigmoid_mul(y, z, y);
+  }
   // out = silu(g) * u                                             (elementwise)
   virtual void silu_mul(const Mat& g, const Mat& u, Mat out) = 0;
   // out = a * sigmoid(z)                                          (elementwise; out may alias a)
@@ -163,6 +238,17 @@ class Backend {
     double gpu_ms = 0;                             // device time of those forwards (events), summed
   };
   virtual GraphStats graph_stats() { return {}; }
+
+  // ---- Memory as the backend sees it (sala bench, issue #6); -1: not known on this backend ----
+  struct MemoryStats {
+    int64_t used = -1;       // in use now: CUDA device-wide (cudaMemGetInfo); CPU process RSS
+    int64_t peak = -1;       // high-water mark of `used` since reset_memory_peak (CUDA: highest seen
+                             // by memory_stats calls)
+    int64_t total = -1;      // device memory (CPU: physical RAM)
+    int64_t allocated = -1;  // bytes the backend allocated itself and still holds (buffers + caches)
+  };
+  virtual MemoryStats memory_stats() { return {}; }
+  virtual void reset_memory_peak() {}  // e.g. after a benchmark's own scratch buffers are freed
 };
 
 // Backends available in this build: "cpu", and "cuda" when compiled with CUDA.

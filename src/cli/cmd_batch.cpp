@@ -189,22 +189,22 @@ Runner setup(CLI::App& app) {
       }
       ++requests_with_tokens;
       try {
-        s->submit(std::move(req));
+        s->scheduler->submit(std::move(req));
       } catch (const Error& e) {
         fail("{}: {}", it.where, e.what());
       }
     }
 
     const auto t0 = std::chrono::steady_clock::now();
-    s->run();
+    s->scheduler->run();
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     write_ready();
 
-    const SchedulerStats st = s->stats();
+    const SchedulerStats st = s->scheduler->stats();
     std::fprintf(stderr, "batch: %zu prompts, %d at once: %lld generated tokens in %.3f s = %.1f tok/s\n",
                  items.size(), parallel, (long long)st.generated_tokens, wall,
                  wall > 0 ? double(st.generated_tokens) / wall : 0.0);
-    print_timing(*s, requests_with_tokens);
+    print_timing(*s->scheduler, requests_with_tokens);
     return 0;
   };
 }

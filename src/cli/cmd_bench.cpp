@@ -1,16 +1,24 @@
 // sala bench: prefill and decode speed over context lengths and batch sizes, next to the
-// roofline of the same machine (ceilings measured in the same run through the backend's ops).
+// roofline of the same machine (ceilings measured in the same run through the backend's ops), with
+// the memory of every row (engine/memory.h + the backend's counters); --plot draws the charts
+// (tools/plot_bench.py); --serve URL benchmarks a running `sala serve` instead (cli/bench_serve.h).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "cli/bench_serve.h"
+#include "cli/bench_speculative.h"
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/plot_tool.h"
+#include "cli/random_model.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/memory.h"
 #include "engine/roofline.h"
 #include "model/presets.h"
 
@@ -79,18 +87,34 @@ Ceilings measure_ceilings(Backend& b, bool big) {
   return c;
 }
 
+double mib(double bytes) { return bytes / double(1 << 20); }
+
+// Writes DIR/bench-{decode,ttft,memory}.png from bench JSON files (tools/plot_bench.py).
+void plot(const std::vector<std::string>& jsons, const std::string& dir) {
+  std::vector<std::string> args = jsons;
+  args.insert(args.end(), {"--out", dir});
+  run_plot_tool("plot_bench.py", args, "bench --plot");
+}
+
 Runner setup(CLI::App& app) {
   struct Opts {
-    std::string model, random, contexts = "1k,4k,16k,32k,64k,128k", batches = "1,8,32", json;
+    std::string model, random, contexts = "1k,4k,16k,32k,64k,128k", batches = "1,8,32", json, plot, quant = "none";
+    std::vector<std::string> from;
     int64_t chunk = 4096, batch_context = 4096;
     int decode_steps = 32;
     uint64_t seed = 0;
     BackendOptions backend;
+    ServeBenchOptions serve;
+    SpeculativeCostOptions speculative_costs;
+    std::string concurrency = "1,8,32";
   };
   auto o = std::make_shared<Opts>();
   app.add_option("MODEL", o->model, "model directory (or use --random)");
   app.add_option("--random", o->random, "random weights of a preset, generated on the backend (tiny, small, 9b)")
       ->check(CLI::IsMember(preset_names()));
+  app.add_option("--quant", o->quant, "with --random: packed projections fp8, int8 (per row) or int4 (group 64), "
+                                     "as `sala quantize` writes them (docs/quantization.md)")
+      ->check(CLI::IsMember({"none", "fp8", "int8", "int4"}));
   app.add_option("--contexts", o->contexts, "batch-1 context lengths, e.g. 1k,4k,128k,1m");
   app.add_option("--batches", o->batches, "batch sizes for batched decode (at --batch-context each)");
   app.add_option("--batch-context", o->batch_context, "context of every sequence in the batched rows");
@@ -98,40 +122,84 @@ Runner setup(CLI::App& app) {
   app.add_option("--decode-steps", o->decode_steps, "timed decode steps per row (after 2 warm-up steps)");
   app.add_option("--seed", o->seed, "seed of random weights and tokens");
   app.add_option("--json", o->json, "write the rows as JSON here");
+  app.add_option("--plot", o->plot, "write PNG charts here (decode and TTFT vs context with the roofline and the "
+                                    "authors' A6000D points, memory vs context); the run's JSON too unless --json");
+  app.add_option("--from", o->from, "with --plot: plot these bench JSON files instead of running (comma-separated)")
+      ->delimiter(',');
   o->backend.add(app);
+  o->speculative_costs.add(app);
+  app.add_option("--serve", o->serve.url, "benchmark a running `sala serve` at this URL (http://HOST:PORT) instead of "
+                                          "the engine")
+      ->group("Serving benchmark");
+  app.add_option("--concurrency", o->concurrency, "with --serve: client counts, one level each")
+      ->group("Serving benchmark")->capture_default_str();
+  app.add_option("--requests", o->serve.requests, "with --serve: requests per level (0: 2 x concurrency)")
+      ->group("Serving benchmark")->capture_default_str();
+  app.add_option("--prompt-tokens", o->serve.prompt_tokens, "with --serve: prompt length in tokens")
+      ->group("Serving benchmark")->capture_default_str();
+  app.add_option("--max-tokens", o->serve.max_tokens, "with --serve: tokens generated per request (ignore_eos)")
+      ->group("Serving benchmark")->capture_default_str();
+  app.add_option("--warmup", o->serve.warmup, "with --serve: untimed requests first")
+      ->group("Serving benchmark")->capture_default_str();
+  app.add_option("--timeout", o->serve.timeout_s, "with --serve: seconds without a byte before a request fails")
+      ->group("Serving benchmark")->capture_default_str();
   return [o] {
+    if (!o->serve.url.empty()) {
+      SALA_CHECK(o->model.empty() && o->random.empty() && o->plot.empty() && o->from.empty(),
+                 "bench --serve measures a running server: give no MODEL, --random, --plot or --from");
+      o->serve.concurrency.clear();
+      for (auto& s : CLI::detail::split(o->concurrency, ',')) o->serve.concurrency.push_back(parse_size(s));
+      o->serve.json = o->json;
+      return run_serve_bench(o->serve);
+    }
+    if (!o->from.empty()) {
+      SALA_CHECK(!o->plot.empty(), "bench: --from needs --plot DIR");
+      SALA_CHECK(o->model.empty() && o->random.empty(), "bench: --from plots existing results; give no MODEL or --random");
+      for (const auto& f : o->from) SALA_CHECK(std::filesystem::is_regular_file(f), "bench --from: no file '{}'", f);
+      plot(o->from, o->plot);
+      return 0;
+    }
     SALA_CHECK(o->model.empty() != o->random.empty(), "bench: give a MODEL directory or --random PRESET");
+    if (!o->plot.empty()) check_plot_tool("plot_bench.py", "bench --plot");  // before a long run, not after
     auto backend = o->backend.make();
+    // Device memory before the model: the CUDA context and library handles (not the model's).
+    const Backend::MemoryStats mem0 = backend->memory_stats();
     std::vector<int64_t> contexts, batches;
     for (auto& s : CLI::detail::split(o->contexts, ',')) contexts.push_back(parse_size(s));
     for (auto& s : CLI::detail::split(o->batches, ',')) batches.push_back(parse_size(s));
     std::sort(contexts.begin(), contexts.end());
     const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
     ModelLimits limits{.max_batch_tokens = std::max(o->chunk, max_batch), .max_logit_rows = std::max<int64_t>(max_batch, 1)};
+    if (o->speculative_costs.on) {  // a verify forward: K + 1 tokens, every logit row
+      limits.max_batch_tokens = std::max(limits.max_batch_tokens, o->speculative_costs.verify_rows());
+      limits.max_logit_rows = std::max(limits.max_logit_rows, o->speculative_costs.verify_rows());
+    }
 
     LoadedModel m;
     std::string model_name;
     if (!o->random.empty()) {
-      m.config = preset_config(o->random);
-      m.config.random_weights = true;
-      auto t0 = Clock::now();
-      ModelWeights w = random_weights(m.config, *backend, o->seed);
-      backend->synchronize();
-      std::fprintf(stderr, "random %s weights generated on %s in %.1f s\n", o->random.c_str(),
-                   backend->name().c_str(), seconds_since(t0));
-      m.model = std::make_unique<Model>(m.config, std::move(w), *backend, limits);
-      model_name = "random " + o->random;
+      m = random_model(o->random, *backend, limits, o->seed, parse_random_quant(o->quant));
+      model_name = "random " + o->random + (o->quant == "none" ? "" : " " + o->quant);
     } else {
+      SALA_CHECK(o->quant == "none", "bench: --quant goes with --random (a quantized MODEL says its own format)");
       m = load_model_verbose(o->model, *backend, limits);
       model_name = m.dir.string();
+    }
+    if (o->speculative_costs.on) {
+      SALA_CHECK(o->plot.empty(), "bench: --plot does not chart --speculative-costs (use --json)");
+      return run_speculative_costs(*m.model, model_name, o->speculative_costs, contexts, o->chunk, o->decode_steps,
+                                   o->seed, o->json);
     }
     const ModelConfig& c = m.config;
     const bool gpu = backend->name() != "cpu";
     const Ceilings ceil = measure_ceilings(*backend, gpu);
-    std::fprintf(stderr, "ceilings (%s): %.0f GB/s elementwise read+write, %.1f TFLOP/s matmul (%s)\n",
-                 backend->name().c_str(), ceil.bandwidth / 1e9, ceil.matmul / 1e12,
+    backend->reset_memory_peak();  // the ceilings' buffers are not the model's
+    std::fprintf(stderr, "ceilings (%s, %s): %.0f GB/s elementwise read+write, %.1f TFLOP/s matmul (%s)\n",
+                 backend->name().c_str(), backend->device_name().c_str(), ceil.bandwidth / 1e9, ceil.matmul / 1e12,
                  std::string(dtype_name(backend->act_dtype())).c_str());
     const double bpp = double(dtype_size(backend->act_dtype()));
+    // The roofline's weight term: the bytes the matrices really hold (packed formats included).
+    const double weight_bpp = weight_bytes_per_param(c, m.model->weights());
 
     std::mt19937 rng(uint32_t(o->seed));
     std::uniform_int_distribution<int32_t> tok(5, c.vocab_size - 1);
@@ -142,8 +210,9 @@ Runner setup(CLI::App& app) {
     };
     nlohmann::json rows = nlohmann::json::array();
     std::printf("graphs: %s\n", backend->graph_stats().enabled ? "on (decode steps replay CUDA graphs)" : "off");
-    std::printf("%-8s %5s %12s %9s %12s %9s %12s %8s %9s %8s %7s\n", "context", "batch", "prefill t/s", "%matmul",
-                "TTFT s", "decode t/s", "roofline t/s", "%roof", "ms/step", "gpu ms", "graphs");
+    std::printf("%-8s %5s %12s %9s %12s %9s %12s %8s %9s %8s %7s %9s %9s %9s %9s %9s %9s\n", "context", "batch",
+                "prefill t/s", "%matmul", "TTFT s", "decode t/s", "roofline t/s", "%roof", "ms/step", "gpu ms", "graphs",
+                "wts MiB", "K/V MiB", "K1K2 MiB", "state MiB", "work MiB", "peak MiB");
     // Device time of the timed steps' forwards (backend events; 0 where the backend has none) and
     // how many of them replayed a CUDA graph: ms/step − gpu ms is the host-side gap.
     double dec_gpu_ms = 0;
@@ -167,25 +236,47 @@ Runner setup(CLI::App& app) {
       dec_replays = g1.replays - g0.replays;
       return median(t);
     };
-    auto report = [&](int64_t ctx, int64_t batch, double prefill_tps, double ttft, double step) {
-      const TokenCost cost = decode_cost(c, ctx, bpp);
+    // Memory of a row: the caches of its sequences at its context (engine/memory.h, as `sala info
+    // --context`; the backends keep K/V/K1/K2 in their activation dtype), the weights, and the
+    // workspace: what the backend holds beyond weights and cache pools (activations, scratch,
+    // library workspaces) — its own allocation count where it keeps one (CPU), else the device's use
+    // minus the use before the model (CUDA). Peak: the backend's high-water mark of device use.
+    const double weights = weight_bytes(m.model->weights());
+    const bool counted = mem0.allocated >= 0;
+    auto report = [&](int64_t ctx, int64_t batch, double prefill_tps, double ttft, double step, const EngineOptions& eo) {
+      const CacheBytes cache = cache_bytes(c, ctx, batch, bpp);
+      const CacheBytes pool = cache_pool_bytes(c, eo.max_context, eo.max_sequences, bpp);
+      const Backend::MemoryStats ms = backend->memory_stats();
+      const bool known = counted ? ms.allocated >= 0 : (ms.used >= 0 && mem0.used >= 0);
+      const double workspace = (counted ? double(ms.allocated) : double(ms.used - mem0.used)) - weights - pool.total();
+      const TokenCost cost = decode_cost(c, ctx, weight_bpp);
       const double roof_step = cost.bytes_per_step(int(batch)) / ceil.bandwidth;
       const double prefill_pct = prefill_tps > 0 ? 100.0 * prefill_tps * prefill_flops_per_token(c, ctx) / ceil.matmul : 0;
-      std::printf("%-8lld %5lld %12.0f %8.1f%% %12.2f %9.1f %12.1f %7.1f%% %9.2f %8.2f %3lld/%-3d\n", (long long)ctx,
-                  (long long)batch, prefill_tps, prefill_pct, ttft, double(batch) / step, double(batch) / roof_step,
-                  100.0 * roof_step / step, step * 1e3, dec_gpu_ms, (long long)dec_replays, o->decode_steps);
+      std::printf("%-8lld %5lld %12.0f %8.1f%% %12.2f %9.1f %12.1f %7.1f%% %9.2f %8.2f %3lld/%-3d %9.1f %9.1f %9.2f %9.2f "
+                  "%9s %9s\n",
+                  (long long)ctx, (long long)batch, prefill_tps, prefill_pct, ttft, double(batch) / step,
+                  double(batch) / roof_step, 100.0 * roof_step / step, step * 1e3, dec_gpu_ms, (long long)dec_replays,
+                  o->decode_steps, mib(weights), mib(cache.kv), mib(cache.compressed), mib(cache.states),
+                  known ? fmt::format("{:.1f}", mib(workspace)).c_str() : "-",
+                  ms.peak >= 0 ? fmt::format("{:.1f}", mib(double(ms.peak))).c_str() : "-");
       std::fflush(stdout);
       rows.push_back({{"context", ctx}, {"batch", batch}, {"prefill_tok_s", prefill_tps},
                       {"prefill_pct_matmul", prefill_pct}, {"ttft_s", ttft}, {"decode_tok_s", double(batch) / step},
                       {"decode_ms_per_step", step * 1e3}, {"bytes_per_step", cost.bytes_per_step(int(batch))},
                       {"roofline_tok_s", double(batch) / roof_step}, {"pct_roofline", 100.0 * roof_step / step},
-                      {"decode_gpu_ms_per_step", dec_gpu_ms}, {"graph_replays", dec_replays}});
+                      {"decode_gpu_ms_per_step", dec_gpu_ms}, {"graph_replays", dec_replays},
+                      {"weights_bytes", weights}, {"kv_bytes", cache.kv}, {"compressed_keys_bytes", cache.compressed},
+                      {"lightning_state_bytes", cache.states}, {"cache_pool_bytes", pool.total()},
+                      {"workspace_bytes", known ? nlohmann::json(workspace) : nlohmann::json()},
+                      {"peak_memory_bytes", ms.peak >= 0 ? nlohmann::json(ms.peak) : nlohmann::json()},
+                      {"device_used_bytes", ms.used >= 0 ? nlohmann::json(ms.used) : nlohmann::json()}});
     };
 
     // Batch 1: one sequence grows through every context; decode is timed at each.
     {
       const int64_t max_ctx = contexts.back() + int64_t(contexts.size()) * (o->decode_steps + 2) + 1;
-      Engine e(*m.model, {.max_sequences = 1, .max_context = max_ctx});
+      const EngineOptions eo{.max_sequences = 1, .max_context = max_ctx};
+      Engine e(*m.model, eo);
       int s = e.open();
       double prefill_time = 0;
       int64_t prefilled = 0;
@@ -203,14 +294,15 @@ Runner setup(CLI::App& app) {
         prefill_time += seg;
         prefilled += e.length(s) - start;
         const double step = decode_steps(e, {s});
-        report(ctx, 1, seg > 0 ? double(e.length(s) - start) / seg : 0, prefill_time, step);
+        report(ctx, 1, seg > 0 ? double(e.length(s) - start) / seg : 0, prefill_time, step, eo);
       }
       (void)prefilled;
     }
     // Batched decode at batch_context.
     for (int64_t b : batches) {
       if (b <= 1) continue;
-      Engine e(*m.model, {.max_sequences = int(b), .max_context = o->batch_context + o->decode_steps + 3});
+      const EngineOptions eo{.max_sequences = int(b), .max_context = o->batch_context + o->decode_steps + 3};
+      Engine e(*m.model, eo);
       std::vector<int> seqs;
       for (int64_t i = 0; i < b; ++i) {
         int s = e.open();
@@ -221,14 +313,25 @@ Runner setup(CLI::App& app) {
           e.step(std::span(&r, 1));
         }
       }
-      report(o->batch_context, b, 0, 0, decode_steps(e, seqs));
+      report(o->batch_context, b, 0, 0, decode_steps(e, seqs), eo);
     }
-    if (!o->json.empty()) {
-      nlohmann::json doc = {{"model", model_name}, {"backend", backend->name()},
-                            {"ceilings", {{"bandwidth_bytes_s", ceil.bandwidth}, {"matmul_flop_s", ceil.matmul}}},
-                            {"decode_steps", o->decode_steps}, {"chunk", o->chunk}, {"rows", rows}};
-      std::ofstream(o->json) << doc.dump(2) << "\n";
+    const std::string json_path = !o->json.empty() ? o->json : o->plot.empty() ? "" : o->plot + "/bench.json";
+    if (!json_path.empty()) {
+      const auto mem = [](int64_t v) { return v >= 0 ? nlohmann::json(v) : nlohmann::json(); };
+      nlohmann::json doc = {
+          {"model", model_name}, {"backend", backend->name()}, {"device", backend->device_name()},
+          {"ceilings", {{"bandwidth_bytes_s", ceil.bandwidth}, {"matmul_flop_s", ceil.matmul}}},
+          {"decode_steps", o->decode_steps}, {"chunk", o->chunk},
+          {"memory", {{"workspace_from", counted ? "backend allocation count" : "device use minus use before the model"},
+                      {"before_model_used_bytes", mem(mem0.used)}, {"device_total_bytes", mem(mem0.total)},
+                      {"cache_bytes_per_value", bpp}}},
+          {"rows", rows}};
+      if (!o->plot.empty()) std::filesystem::create_directories(o->plot);
+      std::ofstream f(json_path);
+      SALA_CHECK(f, "bench: cannot write '{}'", json_path);
+      f << doc.dump(2) << "\n";
     }
+    if (!o->plot.empty()) plot({json_path}, o->plot);
     return 0;
   };
 }

@@ -166,15 +166,15 @@ Runner setup(CLI::App& app) {
         write_out(text.push(t.id));
         return !text.stopped();
       };
-      s->submit(std::move(req));
-      s->run();
+      s->scheduler->submit(std::move(req));
+      s->scheduler->run();
       ++answers;
       if (!stopped_by_user) write_out(text.finish());
       write_out(tty ? "\n\n" : "\n");
       if (stopped_by_user) std::fprintf(stderr, "(answer stopped)\n");
       history.push_back({"assistant", text.text()});
     }
-    print_timing(*s, answers);
+    print_timing(*s->scheduler, answers);
     return 0;
   };
 }

@@ -64,14 +64,14 @@ Runner setup(CLI::App& app) {
       emit(text.push(t.id));
       return !text.stopped();
     };
-    s->submit(std::move(req));
-    s->run();
+    s->scheduler->submit(std::move(req));
+    s->scheduler->run();
     emit(text.finish());
     held += '\n';
     if (o->stream) std::fputs("\n", stdout);
     else std::fwrite(held.data(), 1, held.size(), stdout);
     std::fflush(stdout);
-    print_timing(*s, 1);
+    print_timing(*s->scheduler, 1);
     return 0;
   };
 }

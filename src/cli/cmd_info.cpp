@@ -1,10 +1,12 @@
-// sala info MODEL: config summary, layer layout, parameters and bytes per dtype, tensor table.
+// sala info MODEL: config summary, layer layout, parameters and bytes per dtype, tensor table, and
+// the cache memory of one sequence (engine/memory.h, the accounting `sala bench` reports).
 #include <cstdio>
 #include <filesystem>
 #include <map>
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "engine/memory.h"
 #include "io/safetensors.h"
 #include "model/loader.h"
 #include "model/presets.h"
@@ -20,19 +22,22 @@ std::string human_bytes(double b) {
   return fmt::format("{:.2f} {}", b, units[u]);
 }
 
-void print_memory(const ModelConfig& c, int64_t context) {
-  const int ns = c.count(MixerKind::Sparse), nl = c.count(MixerKind::Lightning);
-  const double kv = 2.0 * ns * context * c.num_kv_heads * c.head_dim * 2;  // bf16 K and V
-  const double k12 = double(ns) * (c.sparse.n1(context) + c.sparse.n2(context)) * c.num_kv_heads * c.head_dim * 2;
-  const double state = double(nl) * c.lightning_heads * c.lightning_head_dim * c.lightning_head_dim * 4;
-  std::printf("cache per sequence at %lld tokens (CUDA, bf16 K/V):\n", (long long)context);
-  std::printf("  sparse K/V        %s\n  compressed K1/K2  %s\n  lightning states  %s (fp32, independent of context)\n",
-              human_bytes(kv).c_str(), human_bytes(k12).c_str(), human_bytes(state).c_str());
+void print_memory(const ModelConfig& c, int64_t context, const std::string& cache_dtype) {
+  const CacheBytes b = cache_bytes(c, context, 1, cache_dtype == "f32" ? 4.0 : 2.0);
+  auto line = [](const char* what, double bytes, const char* note) {
+    std::printf("  %-17s %s (%.0f bytes%s)\n", what, human_bytes(bytes).c_str(), bytes, note);
+  };
+  std::printf("cache per sequence at %lld tokens (whole pages of %d tokens; K/V and K1/K2 in %s):\n",
+              (long long)context, c.sparse.block_size, cache_dtype.c_str());
+  line("sparse K/V", b.kv, "");
+  line("compressed K1/K2", b.compressed, "");
+  line("lightning states", b.states, "; fp32, independent of context");
+  line("total", b.total(), "");
 }
 
 Runner setup(CLI::App& app) {
   struct Opts {
-    std::string model, preset;
+    std::string model, preset, cache_dtype = "bf16";
     bool tensors = false;
     int64_t context = 0;
   };
@@ -42,6 +47,9 @@ Runner setup(CLI::App& app) {
       ->check(CLI::IsMember(preset_names()));
   app.add_flag("--tensors", o->tensors, "print the tensor table");
   app.add_option("--context", o->context, "also print the cache memory of one sequence at this many tokens");
+  app.add_option("--cache-dtype", o->cache_dtype, "dtype of K/V and K1/K2 for --context: bf16 (CUDA) or f32 (CPU)")
+      ->check(CLI::IsMember({"bf16", "f32"}))
+      ->capture_default_str();
   return [o] {
     SALA_CHECK(o->model.empty() != o->preset.empty(), "info: give a MODEL directory or --preset");
     ModelConfig c;
@@ -96,7 +104,7 @@ Runner setup(CLI::App& app) {
     std::printf("parameters: %.3f B (%lld)\n", double(total) / 1e9, (long long)total);
     for (const auto& [dt, e] : per_dtype)
       std::printf("  %-8s %14lld params  %s\n", dt.c_str(), (long long)e.first, human_bytes(e.second).c_str());
-    if (o->context > 0) print_memory(c, o->context);
+    if (o->context > 0) print_memory(c, o->context, o->cache_dtype);
     if (o->tensors) {
       for (const auto& t : expected_tensors(c)) {
         std::string dt = "-";

@@ -1,4 +1,4 @@
-// sala serve --model ID|DIR: the OpenAI-compatible HTTP server (see server/api_server.h).
+// sala serve --model ID|DIR (or --random PRESET): the OpenAI-compatible HTTP server (see server/api_server.h).
 // The HTTP server starts first, so /health answers "loading" while the model loads. SIGINT or
 // SIGTERM: stop accepting, end running requests, free the caches, exit 0.
 #include <signal.h>
@@ -11,7 +11,10 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/generation.h"
+#include "cli/random_model.h"
 #include "core/error.h"
+#include "model/presets.h"
 #include "server/api_server.h"
 #include "server/download_jobs.h"
 #include "server/http_server.h"
@@ -29,18 +32,22 @@ volatile std::sig_atomic_t g_signal = 0;  // set by the SIGINT/SIGTERM handler
 
 Runner setup(CLI::App& app) {
   struct Opts {
-    std::string model, host = "127.0.0.1", api_key, models_dir, cors_origin, reasoning = "parsed";
+    std::string model, random, host = "127.0.0.1", api_key, models_dir, cors_origin, reasoning = "parsed";
     std::vector<std::string> aliases;
     int port = 8080, max_running = 8, max_queue = 128, max_tokens = -1, load_delay_ms = 0;
     int64_t ctx_size = 4096, prefill_chunk = 256, batch_tokens = 512;
     float temperature = 1.0f;
     bool no_think = false;
+    SpeculativeCliOptions speculative;
     BackendOptions backend;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("-m,--model", o->model, "model: a directory, an id in the models directory, or ORG/NAME[@REV] in the "
-                                         "Hugging Face cache")
-      ->required();
+                                         "Hugging Face cache");
+  app.add_option("--random", o->random, "serve random weights of a preset generated on the backend (no checkpoint; "
+                                        "model id random-PRESET; for benchmarks)")
+      ->check(CLI::IsMember(preset_names()))
+      ->excludes("--model");
   app.add_option("--host", o->host, "address to listen on")->capture_default_str();
   app.add_option("--port", o->port, "port (0: any free port)")->capture_default_str();
   app.add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/* (default: $SALA_API_KEY)");
@@ -49,7 +56,7 @@ Runner setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("-c,--ctx-size", o->ctx_size, "tokens per sequence (prompt + generated)")->capture_default_str();
   app.add_option("--prefill-chunk", o->prefill_chunk, "prompt tokens per sequence per step")->capture_default_str();
-  app.add_option("--batch-tokens", o->batch_tokens, "tokens per step (decode rows + prompt chunks)")
+  app.add_option("--batch-tokens", o->batch_tokens, "tokens per step (decode rows + drafts + prompt chunks)")
       ->capture_default_str();
   app.add_option("--models-dir", o->models_dir, "models directory (default: $SALA_MODELS_DIR or ~/.local/share/sala/models)");
   app.add_option("--alias", o->aliases, "another name clients may use in \"model\" (repeatable)");
@@ -62,6 +69,7 @@ Runner setup(CLI::App& app) {
   app.add_option("--max-tokens", o->max_tokens, "max_tokens when a request gives none (-1: up to the context end)")
       ->capture_default_str();
   app.add_option("--cors-origin", o->cors_origin, "allow browser requests from this origin ('*' for any)");
+  o->speculative.add(app);
   o->backend.add(app);
   // Tests only: hold the model load back, so the "loading" state can be observed.
   app.add_option("--debug-load-delay-ms", o->load_delay_ms)->group("");
@@ -71,7 +79,12 @@ Runner setup(CLI::App& app) {
       if (const char* k = std::getenv("SALA_API_KEY")) o->api_key = k;
     ModelRegistry registry(o->models_dir.empty() ? ModelRegistry::default_models_dir() : std::filesystem::path(o->models_dir),
                            ModelRegistry::default_hub_cache());
-    const ModelEntry served = registry.resolve(o->model);
+    SALA_CHECK(o->model.empty() != o->random.empty(), "serve: give --model MODEL or --random PRESET");
+    // --random: config and tokenizer in a temporary directory; the weights are generated at load.
+    std::unique_ptr<RandomModelDir> random_dir;
+    if (!o->random.empty()) random_dir = std::make_unique<RandomModelDir>(o->random);
+    const ModelEntry served = random_dir ? ModelEntry{"random-" + o->random, random_dir->path(), "random"}
+                                         : registry.resolve(o->model);
 
     // A handler only records the signal; the control thread acts on it. (Blocking the signals
     // instead would not do: threads a library started before main, e.g. OpenBLAS's, would still
@@ -89,7 +102,10 @@ Runner setup(CLI::App& app) {
     wo.ctx_size = o->ctx_size;
     wo.max_queue = o->max_queue;
     wo.prefill_chunk = o->prefill_chunk;
-    wo.max_batch_tokens = std::max<int64_t>(o->batch_tokens, o->max_running);  // room for every decode row
+    wo.speculative = o->speculative.options();
+    // Room for every decode row, and speculating for one full verify next to them.
+    wo.max_batch_tokens = std::max<int64_t>(
+        o->batch_tokens, o->max_running + (o->speculative.on() ? o->speculative.draft_tokens : 0));
     InferenceWorker worker(wo, metrics);
     http::Server http;
     const int port = http.listen(o->host, o->port);
@@ -113,7 +129,8 @@ Runner setup(CLI::App& app) {
       if (o->load_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o->load_delay_ms));
       ModelBundle b;
       b.backend = o->backend.make();
-      b.model = load_model_verbose(dir.string(), *b.backend, limits);
+      b.model = o->random.empty() ? load_model_verbose(dir.string(), *b.backend, limits)
+                                  : random_model(o->random, *b.backend, limits, 0);
       b.tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(dir));
       if (auto w = chat_template_warning(dir)) std::fprintf(stderr, "warning: %s\n", w->c_str());
       return b;
@@ -139,8 +156,11 @@ Runner setup(CLI::App& app) {
         }
         if (st == InferenceWorker::State::Ready && !announced) {
           announced = true;
-          std::fprintf(stderr, "sala serve: model ready (%d sequences of %lld tokens, backend %s)\n", o->max_running,
-                       (long long)o->ctx_size, o->backend.backend.c_str());
+          const std::string spec =
+              o->speculative.on() ? fmt::format(", speculative {} K {}", o->speculative.mode, o->speculative.draft_tokens)
+                                  : "";
+          std::fprintf(stderr, "sala serve: model ready (%d sequences of %lld tokens, backend %s%s)\n", o->max_running,
+                       (long long)o->ctx_size, o->backend.backend.c_str(), spec.c_str());
         }
       }
       http.stop();

@@ -23,6 +23,11 @@ std::unique_ptr<Backend> BackendOptions::make() const {
 LoadedModel load_model_verbose(const std::string& ref, Backend& backend, ModelLimits limits) {
   LoadedModel m = load_model(ref, backend, limits);
   if (m.config.random_weights) std::fprintf(stderr, "%s\n", kRandomWeightsNotice);
+  // Quantized checkpoints: say how the matrices are held (packed, or anything dequantized).
+  const ModelWeights& w = m.model->weights();
+  if (w.lm_head.packed() || (!w.layers.empty() && w.layers[0].gate.packed()) || !w.dequantized.empty())
+    std::fprintf(stderr, "weights on %s: %s\n", backend.name().c_str(),
+                 describe_weight_formats(m.config, w).c_str());
   return m;
 }
 

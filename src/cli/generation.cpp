@@ -69,37 +69,6 @@ SpeculativeOptions SpeculativeCliOptions::options() const {
   return {.mode = parse_speculative_mode(mode), .draft_layers = draft_layers, .draft_tokens = draft_tokens};
 }
 
-void GenerationSession::submit(GenerationRequest request) {
-  if (!speculative) {
-    scheduler->submit(std::move(request));
-    return;
-  }
-  const int64_t ctx = engine->options().max_context;
-  SALA_CHECK(!request.prompt.empty(), "empty prompt");
-  SALA_CHECK(int64_t(request.prompt.size()) < ctx, "prompt of {} tokens does not fit the context of {} tokens",
-             request.prompt.size(), ctx);
-  const int vocab = engine->model().config().vocab_size;
-  for (int32_t t : request.prompt) SALA_CHECK(t >= 0 && t < vocab, "prompt token {} outside the vocabulary", t);
-  Sampler check(request.sampling);  // validates the sampling parameters now
-  queued.push_back(std::move(request));
-}
-
-void GenerationSession::run() {
-  if (!speculative) {
-    scheduler->run();
-    return;
-  }
-  while (!queued.empty()) {
-    GenerationRequest r = std::move(queued.front());
-    queued.pop_front();
-    speculative->run(std::move(r));
-  }
-}
-
-SchedulerStats GenerationSession::stats() const {
-  return speculative ? speculative->stats() : scheduler->stats();
-}
-
 void PromptOptions::add(CLI::App& app, bool allow_raw) {
   if (allow_raw) app.add_flag("--raw", raw, "no chat template: the prompt text as is, after BOS");
   app.add_option("--system", system, "system prompt (chat template)");
@@ -204,11 +173,13 @@ std::unique_ptr<GenerationSession> open_session(const std::string& model_ref, co
     if (auto w = chat_template_warning(dir)) std::fprintf(stderr, "warning: %s\n", w->c_str());
 
   s->backend = backend.make();
-  ModelLimits limits;
-  limits.max_batch_tokens = std::max<int64_t>(512, max_sequences);
-  limits.max_logit_rows = max_sequences;  // one row per live sequence per step at most
   const bool spec = speculative && speculative->on();
-  if (spec) limits.max_logit_rows = std::max(max_sequences, speculative->draft_tokens + 1);  // verify rows
+  const SpeculativeOptions spec_opts = spec ? speculative->options() : SpeculativeOptions{};
+  if (spec) spec_opts.validate();
+  ModelLimits limits;
+  // One logits row per live sequence per step; speculating, every sequence may verify K + 1 rows.
+  limits.max_logit_rows = spec ? int64_t(max_sequences) * (spec_opts.draft_tokens + 1) : max_sequences;
+  limits.max_batch_tokens = std::max<int64_t>(512, limits.max_logit_rows);
   s->model = load_model_verbose(dir.string(), *s->backend, limits);
   const ModelConfig& cfg = s->model.config;
   SALA_CHECK(s->tokenizer.vocab_size() <= cfg.vocab_size,
@@ -223,16 +194,14 @@ std::unique_ptr<GenerationSession> open_session(const std::string& model_ref, co
     ctx = cfg.max_position_embeddings;
   }
   s->engine = std::make_unique<Engine>(*s->model.model, EngineOptions{.max_sequences = max_sequences, .max_context = ctx});
-  s->scheduler = std::make_unique<Scheduler>(
-      *s->engine, SchedulerOptions{.prefill_chunk = 256, .max_batch_tokens = limits.max_batch_tokens});
-  if (spec)
-    s->speculative = std::make_unique<SpeculativeGenerator>(
-        *s->engine, speculative->options(),
-        SchedulerOptions{.prefill_chunk = 256, .max_batch_tokens = limits.max_batch_tokens});
+  s->scheduler = std::make_unique<Scheduler>(*s->engine, SchedulerOptions{.prefill_chunk = 256,
+                                                                           .max_batch_tokens = limits.max_batch_tokens,
+                                                                           .speculative = spec_opts});
   return s;
 }
 
-void print_timing(const SchedulerStats& s, int64_t answers) {
+void print_timing(const Scheduler& scheduler, int64_t answers) {
+  const SchedulerStats& s = scheduler.stats();
   const int64_t decoded = std::max<int64_t>(0, s.generated_tokens - answers);
   auto rate = [](double n, double t) { return t > 0 ? n / t : 0.0; };
   std::fprintf(stderr,
@@ -240,20 +209,20 @@ void print_timing(const SchedulerStats& s, int64_t answers) {
                "(%.1f tok/s)\n",
                (long long)s.prompt_tokens, s.prefill_seconds, rate(double(s.prompt_tokens), s.prefill_seconds),
                (long long)s.generated_tokens, s.decode_seconds, rate(double(decoded), s.decode_seconds));
-}
-
-void print_timing(const GenerationSession& session, int64_t answers) {
-  print_timing(session.stats(), answers);
-  if (!session.speculative) return;
-  const SpeculativeStats& sp = session.speculative->spec_stats();
-  const SpeculativeOptions& o = session.speculative->options();
+  if (!scheduler.speculative()) return;
+  const SpeculativeStats& sp = s.speculative;
+  const SpeculativeOptions& o = scheduler.options().speculative;
+  std::string skipped;
+  for (int r = 0; r < kDraftSkipReasons; ++r)
+    skipped += fmt::format("{}{} {}", r ? ", " : "", draft_skip_name(DraftSkip(r)), sp.skipped[size_t(r)]);
   std::fprintf(stderr,
                "speculative %s (K %d%s): %lld verify steps, acceptance %.1f%% (%lld/%lld drafts), %.2f tokens per "
-               "verify step | draft %.3f s, verify %.3f s\n",
+               "verify step | draft %.3f s, verify %.3f s | %lld decode steps without drafts (%s)\n",
                speculative_mode_name(o.mode), o.draft_tokens,
                o.mode == SpeculativeMode::Self ? fmt::format(", {} draft layers", o.draft_layers).c_str() : "",
                (long long)sp.rounds, 100.0 * sp.acceptance(), (long long)sp.accepted, (long long)sp.drafted,
-               sp.tokens_per_round(), sp.draft_seconds, sp.verify_seconds);
+               sp.tokens_per_round(), sp.draft_seconds, sp.verify_seconds, (long long)sp.skipped_total(),
+               skipped.c_str());
 }
 
 }  // namespace sala::cli

@@ -2,7 +2,6 @@
 // default model, opening model + tokenizer + scheduler, and the timing summary.
 #pragma once
 #include <CLI/CLI.hpp>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -62,33 +61,26 @@ struct SpeculativeCliOptions {
 // under $SALA_HOME/default-small or ~/.cache/sala/default-small); anything else is returned as is.
 std::string resolve_model_ref(const std::string& ref);
 
-// Everything a generating command holds, in destruction-safe order.
+// Everything a generating command holds, in destruction-safe order. Requests go to the scheduler
+// (with --speculative it speculates inside continuous batching).
 struct GenerationSession {
   std::unique_ptr<Backend> backend;
   LoadedModel model;
   Tokenizer tokenizer;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Scheduler> scheduler;
-  // --speculative: requests run one after another through this generator instead of the
-  // scheduler (single-sequence speculative decoding; no batching across requests).
-  std::unique_ptr<SpeculativeGenerator> speculative;
-  std::deque<GenerationRequest> queued;
-
-  void submit(GenerationRequest request);  // throws sala::Error when the prompt cannot run
-  void run();                              // until every submitted request has finished
-  SchedulerStats stats() const;
 };
 
 // Loads tokenizer (printing the chat-template warning once when `chat` is set) and model, and
-// sizes engine and scheduler for `max_sequences` live sequences of sampling.ctx_size tokens.
+// sizes engine and scheduler for `max_sequences` live sequences of sampling.ctx_size tokens (and,
+// speculating, for every sequence verifying K drafts in the same step).
 std::unique_ptr<GenerationSession> open_session(const std::string& model_ref, const BackendOptions& backend,
                                                 const SamplingOptions& sampling, int max_sequences, bool chat,
                                                 const SpeculativeCliOptions* speculative = nullptr);
 
 // The llama.cpp-style summary on stderr. `answers`: requests that produced at least one token
-// (their first token comes from a prefill step, so it is not counted as decode).
-void print_timing(const SchedulerStats& stats, int64_t answers);
-// The same, plus acceptance rate and tokens per verify step when the session speculates.
-void print_timing(const GenerationSession& session, int64_t answers);
+// (their first token comes from a prefill step, so it is not counted as decode). A speculating
+// scheduler adds a line with acceptance rate, tokens per verify step and steps without drafts.
+void print_timing(const Scheduler& scheduler, int64_t answers);
 
 }  // namespace sala::cli

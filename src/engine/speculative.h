@@ -1,19 +1,22 @@
-// Speculative decoding with exact rollback (spec §6, docs/speculative.md): a drafter proposes up
-// to K tokens, the full model verifies [x0, d1..dK] in ONE multi-token forward on the real caches,
-// the accepted prefix plus a correction/bonus token is emitted, and Engine::rollback cuts the
-// caches back — KV pages as bookkeeping, lightning states exactly (γ^keep · snapshot + Σ k⊗v).
-// Greedy output is identical to plain greedy decoding; with temperature > 0 the acceptance rule
-// (accept d with probability p(d), else sample the residual p − δ_d renormalised) emits exact
-// samples of the target distribution, since both drafters are deterministic (q = point mass).
+// Speculative decoding with exact rollback (spec §6, docs/speculative.md): the parts the
+// continuous-batching Scheduler uses to speculate for every decoding sequence of a step — the
+// options, the drafters (which propose up to K tokens per sequence), the per-sequence draft length
+// (context, max_tokens, the dense/sparse boundary), the acceptance rule, and the statistics.
+// The Scheduler verifies [x0, d1..dK] of every drafting sequence in its one packed forward and cuts
+// each sequence back with Engine::rollback — KV pages as bookkeeping, lightning states exactly
+// (γ^keep · snapshot + Σ k⊗v). Greedy output is identical to plain greedy decoding; with
+// temperature > 0 the acceptance rule (accept d with probability p(d), else sample the residual
+// p − δ_d renormalised) emits exact samples of the target distribution, since both drafters are
+// deterministic (q = point mass).
 #pragma once
-#include <memory>
+#include <array>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
 #include "engine/sampler.h"
-#include "engine/scheduler.h"
 
 namespace sala {
 
@@ -23,68 +26,97 @@ SpeculativeMode parse_speculative_mode(const std::string& name);
 const char* speculative_mode_name(SpeculativeMode mode);
 
 struct SpeculativeOptions {
-  SpeculativeMode mode = SpeculativeMode::Self;
+  SpeculativeMode mode = SpeculativeMode::Off;
   int draft_layers = 8;   // self-draft: first N layers + final norm + lm_head (clamped to num_layers)
-  int draft_tokens = 4;   // K: tokens drafted per round (1..32)
+  int draft_tokens = 4;   // K: tokens drafted per sequence and step (1..32)
+  void validate() const;  // throws sala::Error naming the flag
 };
 
-// Proposes draft tokens for a sequence. `context` is every token of the sequence so far followed
-// by x0, the last emitted token, which is not yet in the caches. A drafter may run forwards on
-// the sequence (Engine::begin_speculation has been called at the current length) but must leave
-// it as it found it (Engine::rollback).
+// One sequence's drafting request. x0 is the sequence's last emitted token, not yet in its caches.
+struct DraftJob {
+  int seq = -1;
+  int32_t x0 = 0;
+  int k = 0;                    // most tokens to propose (>= 1)
+  std::vector<int32_t> drafts;  // out: at most k tokens (none: nothing to propose)
+};
+
+// Proposes draft tokens for several sequences at once.
 class Drafter {
  public:
   virtual ~Drafter() = default;
-  virtual std::vector<int32_t> propose(Engine& engine, int seq, std::span<const int32_t> context, int k) = 0;
+  // True when propose() runs forwards on the sequences: Engine::begin_speculation must have been
+  // called for every job's sequence at its current length, and propose() leaves each sequence as
+  // it found it (Engine::rollback).
+  virtual bool runs_forwards() const = 0;
+  virtual void propose(Engine& engine, std::span<DraftJob> jobs) = 0;
 };
 
-// Self-draft (spec §6.1/§6.2): the first N layers run autoregressively on the real caches, greedy,
-// one token per forward; then the sequence is rolled back to where it was.
+// Self-draft (spec §6.1/§6.2): the first N layers run on the real caches, greedy, K rounds of one
+// packed forward over every job's sequence; then each sequence is rolled back to where it was.
 class SelfDrafter final : public Drafter {
  public:
   explicit SelfDrafter(int layers) : layers_(layers) {}
-  std::vector<int32_t> propose(Engine& engine, int seq, std::span<const int32_t> context, int k) override;
+  bool runs_forwards() const override { return true; }
+  void propose(Engine& engine, std::span<DraftJob> jobs) override;
 
  private:
   int layers_;
 };
 
 // Prompt lookup: the continuation of the most recent earlier occurrence of the longest suffix
-// n-gram of the context (n = 3, 2, 1). No forward at all; proposes nothing without a match.
+// n-gram of the sequence + x0 (n = 3, 2, 1). No forward at all; proposes nothing without a match.
 class LookupDrafter final : public Drafter {
  public:
-  std::vector<int32_t> propose(Engine& engine, int seq, std::span<const int32_t> context, int k) override;
+  bool runs_forwards() const override { return false; }
+  void propose(Engine& engine, std::span<DraftJob> jobs) override;
   static std::vector<int32_t> lookup(std::span<const int32_t> context, int k, int max_ngram = 3);
-};
-
-struct SpeculativeStats {
-  int64_t rounds = 0;       // verify forwards (a round without drafts is a plain decode step)
-  int64_t drafted = 0;      // draft tokens proposed
-  int64_t accepted = 0;     // draft tokens accepted
-  int64_t emitted = 0;      // tokens emitted by rounds (accepted + corrections/bonuses)
-  double draft_seconds = 0, verify_seconds = 0;
-  double acceptance() const { return drafted > 0 ? double(accepted) / double(drafted) : 0.0; }
-  double tokens_per_round() const { return rounds > 0 ? double(emitted) / double(rounds) : 0.0; }
-};
-
-// Runs requests one at a time on their own sequence of the engine (prompt prefill in chunks, the
-// first token from the prefill logits, then speculative rounds), with the same callbacks, stop
-// rules (EOS, on_token returning false, max_tokens, context) and statistics as Scheduler.
-class SpeculativeGenerator {
- public:
-  SpeculativeGenerator(Engine& engine, SpeculativeOptions options, SchedulerOptions scheduling = {});
-  FinishReason run(GenerationRequest request);
-  const SchedulerStats& stats() const { return stats_; }
-  const SpeculativeStats& spec_stats() const { return spec_; }
-  const SpeculativeOptions& options() const { return options_; }
 
  private:
-  Engine& engine_;
-  SpeculativeOptions options_;
-  SchedulerOptions scheduling_;
-  std::unique_ptr<Drafter> drafter_;
-  SchedulerStats stats_;
-  SpeculativeStats spec_;
+  std::vector<int32_t> context_;
+};
+
+// Why a decoding sequence ran a step without drafts.
+enum class DraftSkip {
+  End,       // its next token is its last (max_tokens or the context end): nothing to verify
+  Boundary,  // one more token reaches dense_len: a verify call would straddle the regime switch
+  Budget,    // the step's logit rows or batch tokens were used up by other sequences
+  NoMatch,   // the drafter proposed nothing (lookup: no earlier n-gram)
+};
+inline constexpr int kDraftSkipReasons = 4;
+const char* draft_skip_name(DraftSkip why);  // "end", "boundary", "budget", "no_match"
+
+// The most draft tokens (<= k) a sequence of `length` cached tokens, with x0 pending, may verify
+// this step: the round emits at most K + 1 tokens, so K + 1 stays within `tokens_left` (max_tokens
+// minus generated) and within the context; and the verify call (regime decided once, for all its
+// tokens) must not straddle dense_len, where plain decode switches regime per token (spec §4.2).
+// 0 with `why` set when no draft fits.
+int max_draft_tokens(int64_t length, int64_t max_context, int64_t tokens_left, int64_t dense_len, int k,
+                     DraftSkip* why);
+
+// The outcome of one verify round of a sequence.
+struct Verdict {
+  std::vector<SampledToken> tokens;  // the accepted drafts, then one correction or bonus token
+  int accepted = 0;
+};
+// The acceptance rule (docs/speculative.md, "Accept"). `logits`: the K + 1 verify rows; row i
+// predicts the token after x0, d1..di. `tokens`: the sequence after the verify forward, ending
+// with x0, d1..dK (penalties of row i see the history up to di). Greedy: accept while the argmax
+// equals the draft, then the argmax as correction or bonus. Temperature > 0: accept d with
+// probability p_i(d), else a sample of the residual. Uses (and advances) the request's sampler.
+Verdict accept_drafts(Sampler& sampler, std::span<const float> logits, std::span<const int32_t> drafts,
+                      std::span<const int32_t> tokens);
+
+struct SpeculativeStats {
+  int64_t rounds = 0;    // sequence verify rounds ([x0, d1..dK] of one sequence in one forward)
+  int64_t drafted = 0;   // draft tokens verified
+  int64_t accepted = 0;  // draft tokens accepted
+  int64_t emitted = 0;   // tokens emitted by verify rounds (accepted + corrections/bonuses)
+  std::array<int64_t, kDraftSkipReasons> skipped{};  // decode steps without drafts, by DraftSkip
+  double draft_seconds = 0;   // snapshots + drafting
+  double verify_seconds = 0;  // forwards that verified drafts (prompt chunks packed with them included)
+  int64_t skipped_total() const;
+  double acceptance() const { return drafted > 0 ? double(accepted) / double(drafted) : 0.0; }
+  double tokens_per_round() const { return rounds > 0 ? double(emitted) / double(rounds) : 0.0; }
 };
 
 }  // namespace sala

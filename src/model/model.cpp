@@ -98,6 +98,11 @@ CacheSpec Model::cache_spec(int max_pages, int max_slots) const {
   return s;
 }
 
+// The first `count` projections of x in one backend call (fused on backends that can).
+void Model::project(const Mat& x, const std::array<Backend::MatmulPart, 4>& parts, size_t count) {
+  backend_.matmul_group(x, std::span(parts).first(count));
+}
+
 // Lightning layer (spec §3): projections, per-head q/k RMSNorm, RoPE, Simple GLA, o_norm, z gate.
 void Model::lightning_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out, int64_t n) {
   const auto& c = config_;
@@ -105,15 +110,12 @@ void Model::lightning_mixer(int layer, const LayerWeights& w, const Mat& x, Mat 
   const int64_t kw = int64_t(c.lightning_kv_heads) * c.lightning_head_dim;
   Mat q = q_.slice_rows(0, n).reshape(n, qw), k = k_.slice_rows(0, n).reshape(n, kw);
   Mat v = v_.slice_rows(0, n).reshape(n, kw), attn = attn_.slice_rows(0, n).reshape(n, qw);
-  backend_.matmul(x, w.q, q);
-  backend_.matmul(x, w.k, k);
-  backend_.matmul(x, w.v, v);
+  Mat z = z_.slice_rows(0, n).reshape(n, qw);
+  project(x, {{{&w.q, q}, {&w.k, k}, {&w.v, v}, {&w.z, z}}}, c.use_output_gate ? 4 : 3);
   if (c.qk_norm) {
-    const int d = c.lightning_head_dim;
-    backend_.rmsnorm(q.reshape(n * qw / d, d), w.q_norm, c.rms_norm_eps, q.reshape(n * qw / d, d));
-    backend_.rmsnorm(k.reshape(n * kw / d, d), w.k_norm, c.rms_norm_eps, k.reshape(n * kw / d, d));
-  }
-  if (c.lightning_use_rope) {
+    backend_.qk_norm_rope(q, k, w.q_norm, w.k_norm, c.rms_norm_eps, c.lightning_head_dim, c.lightning_use_rope,
+                          c.rope_theta);
+  } else if (c.lightning_use_rope) {
     backend_.rope(q, c.lightning_head_dim, c.rope_theta);
     backend_.rope(k, c.lightning_head_dim, c.rope_theta);
   }
@@ -126,12 +128,12 @@ void Model::lightning_mixer(int layer, const LayerWeights& w, const Mat& x, Mat 
     captured_layers_ = li + 1;
   }
   backend_.lightning_attention(config_.kind_index(layer), q, k, v, attn);
-  if (c.use_output_norm) backend_.rmsnorm(attn, w.o_norm, c.rms_norm_eps, attn);
-  if (c.use_output_gate) {
-    Mat z = z_.slice_rows(0, n).reshape(n, qw);
-    backend_.matmul(x, w.z, z);
+  if (c.use_output_norm && c.use_output_gate)
+    backend_.rmsnorm_gate(attn, w.o_norm, c.rms_norm_eps, z, attn);
+  else if (c.use_output_norm)
+    backend_.rmsnorm(attn, w.o_norm, c.rms_norm_eps, attn);
+  else if (c.use_output_gate)
     backend_.sigmoid_mul(attn, z, attn);
-  }
   backend_.matmul(attn, w.o, out);
 }
 
@@ -142,19 +144,14 @@ void Model::sparse_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out
   const int64_t qw = int64_t(c.num_heads) * c.head_dim, kw = int64_t(c.num_kv_heads) * c.head_dim;
   Mat q = q_.slice_rows(0, n).reshape(n, qw), k = k_.slice_rows(0, n).reshape(n, kw);
   Mat v = v_.slice_rows(0, n).reshape(n, kw), attn = attn_.slice_rows(0, n).reshape(n, qw);
-  backend_.matmul(x, w.q, q);
-  backend_.matmul(x, w.k, k);
-  backend_.matmul(x, w.v, v);
+  Mat z = z_.slice_rows(0, n).reshape(n, qw);
+  project(x, {{{&w.q, q}, {&w.k, k}, {&w.v, v}, {&w.o_gate, z}}}, c.attn_use_output_gate ? 4 : 3);
   if (c.attn_use_rope) {
     backend_.rope(q, c.head_dim, c.rope_theta);
     backend_.rope(k, c.head_dim, c.rope_theta);
   }
   backend_.sparse_attention(config_.kind_index(layer), q, k, v, attn);
-  if (c.attn_use_output_gate) {
-    Mat z = z_.slice_rows(0, n).reshape(n, qw);
-    backend_.matmul(x, w.o_gate, z);
-    backend_.sigmoid_mul(attn, z, attn);
-  }
+  if (c.attn_use_output_gate) backend_.sigmoid_mul(attn, z, attn);
   backend_.matmul(attn, w.o, out);
 }
 
@@ -222,22 +219,25 @@ void Model::forward(const BatchInfo& batch, std::span<const int64_t> logit_rows,
     trace_rms_->push_back(std::sqrt(ss / double(host.size())));
   };
   trace();
+  // Each residual update is fused with the norm that follows it (add_rmsnorm); the last layer's
+  // stands alone, since the final norm runs only on the logit rows.
+  if (n_layers > 0) backend_.rmsnorm(h, weights_.layers[0].input_norm, c.rms_norm_eps, x);
   for (int i = 0; i < n_layers; ++i) {
     const LayerWeights& w = weights_.layers[size_t(i)];
-    backend_.rmsnorm(h, w.input_norm, c.rms_norm_eps, x);
     if (w.kind == MixerKind::Sparse)
       sparse_mixer(i, w, x, mix, n);
     else
       lightning_mixer(i, w, x, mix, n);
-    backend_.add_scaled(h, mix, alpha);
+    backend_.add_rmsnorm(h, mix, alpha, w.post_norm, c.rms_norm_eps, x);
 
-    backend_.rmsnorm(h, w.post_norm, c.rms_norm_eps, x);
     Mat g = gate_.slice_rows(0, n), u = up_.slice_rows(0, n), a = act_.slice_rows(0, n);
-    backend_.matmul(x, w.gate, g);
-    backend_.matmul(x, w.up, u);
+    project(x, {{{&w.gate, g}, {&w.up, u}}}, 2);
     backend_.silu_mul(g, u, a);
     backend_.matmul(a, w.down, mix);
-    backend_.add_scaled(h, mix, alpha);
+    if (i + 1 < n_layers)
+      backend_.add_rmsnorm(h, mix, alpha, weights_.layers[size_t(i) + 1].input_norm, c.rms_norm_eps, x);
+    else
+      backend_.add_scaled(h, mix, alpha);
     trace();
   }
   if (logit_rows.empty()) return;

@@ -2,6 +2,7 @@
 // chunked prefill, decode, batched decode and speculative verify). Layers are written once
 // against the Backend interface.
 #pragma once
+#include <array>
 #include <memory>
 #include <span>
 #include <vector>
@@ -23,6 +24,7 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const ModelLimits& limits() const { return limits_; }
   Backend& backend() { return backend_; }
+  const ModelWeights& weights() const { return weights_; }
 
   // Cache geometry for this model with the given pool sizes.
   CacheSpec cache_spec(int max_pages, int max_slots) const;
@@ -49,6 +51,7 @@ class Model {
   Mat captured_v(int lightning_layer) const;
 
  private:
+  void project(const Mat& x, const std::array<Backend::MatmulPart, 4>& parts, size_t count);
   void lightning_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out, int64_t n);
   void sparse_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out, int64_t n);
 

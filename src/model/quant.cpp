@@ -1,6 +1,7 @@
 #include "model/quant.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <fstream>
 #include <memory>
@@ -296,6 +297,64 @@ void dequantize_matrix(const QuantizedMatrix& q, float* out) {
   TensorView biases{q.biases.data(), DType::F32, q.scale_shape()};
   dequantize_views(q.format, q.group_size, q.bits, q.rows, q.cols, data, scales, q.zeros.empty() ? nullptr : &zeros,
                    q.biases.empty() ? nullptr : &biases, out);
+}
+
+// ---- packed form ----
+
+PackedMatrix pack_views(QuantFormat format, int group, int bits, int64_t rows, int64_t cols, const TensorView& data,
+                        const TensorView& scales_v, const TensorView* zeros_v, const TensorView* biases_v) {
+  static_assert(std::endian::native == std::endian::little, "MLX words are read as little-endian bytes");
+  PackedMatrix p;
+  p.rows = rows, p.cols = cols;
+  p.scales.resize(size_t(scales_v.numel()));
+  convert_to_f32(scales_v.data, scales_v.dtype, p.scales.data(), p.scales.size());
+  const auto* bytes = static_cast<const uint8_t*>(data.data);
+  p.codes.assign(bytes, bytes + data.nbytes());
+  const size_t np = p.scales.size();
+  switch (format) {
+    case QuantFormat::FP8:
+      p.format = WeightFormat::FP8;
+      p.group = cols;
+      break;
+    case QuantFormat::INT8:
+      p.format = WeightFormat::Q8;
+      p.group = cols;
+      for (auto& c : p.codes) c ^= 0x80;  // two's complement q -> q + 128
+      p.biases.resize(np);
+      for (size_t i = 0; i < np; ++i) p.biases[i] = -128.f * p.scales[i];
+      break;
+    case QuantFormat::INT4: {
+      p.format = WeightFormat::Q4;
+      p.group = group;
+      p.biases.resize(np);
+      if (!zeros_v) {
+        for (auto& c : p.codes) c ^= 0x88;  // both nibbles: q -> q + 8
+        for (size_t i = 0; i < np; ++i) p.biases[i] = -8.f * p.scales[i];
+      } else {
+        const auto* z = static_cast<const uint8_t*>(zeros_v->data);
+        for (size_t i = 0; i < np; ++i) p.biases[i] = -p.scales[i] * float(z[i]);
+      }
+      break;
+    }
+    case QuantFormat::MLX:
+      SALA_CHECK(biases_v && (bits == 4 || bits == 8), "MLX packing needs biases and 4 or 8 bits");
+      p.format = bits == 4 ? WeightFormat::Q4 : WeightFormat::Q8;
+      p.group = group;
+      p.biases.resize(np);
+      convert_to_f32(biases_v->data, biases_v->dtype, p.biases.data(), np);
+      break;
+    case QuantFormat::None: fail("pack_views with format none");
+  }
+  return p;
+}
+
+PackedMatrix pack_matrix(const QuantizedMatrix& q) {
+  TensorView data{q.data.data(), q.data_dtype(), q.data_shape()};
+  TensorView scales{q.scales.data(), DType::F32, q.scale_shape()};
+  TensorView zeros{q.zeros.data(), DType::U8, q.scale_shape()};
+  TensorView biases{q.biases.data(), DType::F32, q.scale_shape()};
+  return pack_views(q.format, q.group_size, q.bits, q.rows, q.cols, data, scales, q.zeros.empty() ? nullptr : &zeros,
+                    q.biases.empty() ? nullptr : &biases);
 }
 
 // ---- error statistics ----

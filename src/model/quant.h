@@ -11,6 +11,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "backend/backend.h"
 #include "core/tensor.h"
 
 namespace sala {
@@ -80,6 +81,29 @@ void dequantize_matrix(const QuantizedMatrix& q, float* out);
 void dequantize_views(QuantFormat format, int group_size, int bits, int64_t rows, int64_t cols,
                       const TensorView& data, const TensorView& scales, const TensorView* zeros,
                       const TensorView* biases, float* out);
+
+// ---- packed form for the backends (backend.h QuantMatrixView) ----
+
+// A quantized matrix converted to the backends' canonical packed form (owning):
+//   fp8          -> FP8, codes as stored, one scale per row
+//   int8         -> Q8,  q + 128 (the byte with its top bit flipped), b = −128·s, group = in
+//   int4 sym     -> Q4,  q + 8 (each nibble's top bit flipped), b = −8·s
+//   int4 zero pt -> Q4,  q as stored, b = −s·z (f32 product)
+//   MLX 4/8 bits -> Q4/Q8, the uint32 words' bytes as they are (little-endian), scales and biases
+//                   widened to f32 (exact)
+struct PackedMatrix {
+  WeightFormat format = WeightFormat::Q4;
+  int64_t rows = 0, cols = 0, group = 0;
+  std::vector<uint8_t> codes;
+  std::vector<float> scales, biases;
+  QuantMatrixView view() const { return {format, rows, cols, group, codes, scales, biases}; }
+};
+
+// From the on-disk tensors (the arguments of dequantize_views).
+PackedMatrix pack_views(QuantFormat format, int group_size, int bits, int64_t rows, int64_t cols,
+                        const TensorView& data, const TensorView& scales, const TensorView* zeros,
+                        const TensorView* biases);
+PackedMatrix pack_matrix(const QuantizedMatrix& q);
 
 // ---- error statistics ----
 

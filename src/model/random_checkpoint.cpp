@@ -41,27 +41,29 @@ std::string write_random_checkpoint(const fs::path& out, const ModelConfig& conf
 
   // Tensors are produced one at a time straight into the output file: a 9B checkpoint is never
   // held in memory. Stream i of the counter RNG matches random_weights() on any backend.
-  SafetensorsWriter writer;
-  writer.set_metadata("format", "pt");
-  writer.set_metadata("sala_random_weights", "true");
-  writer.set_metadata("sala_seed", std::to_string(opt.seed));
-  const auto tensors = expected_tensors(config);
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const TensorSpec& t = tensors[i];
-    const uint64_t stream = opt.seed * 1000003ull + i;
-    const float mean = t.is_vector ? 1.0f : 0.0f, std = init_std(config, t);
-    const DType dtype = opt.dtype;
-    writer.add(t.name, dtype, t.shape, [=](uint8_t* dst) {
-      const int64_t n = shape_numel(t.shape);
-      std::vector<float> row(4096);
-      for (int64_t base = 0; base < n; base += int64_t(row.size())) {
-        const int64_t m = std::min<int64_t>(int64_t(row.size()), n - base);
-        for (int64_t j = 0; j < m; ++j) row[size_t(j)] = mean + std * normal01(stream, uint64_t(base + j));
-        convert_from_f32(row.data(), dtype, dst + size_t(base) * dtype_size(dtype), size_t(m));
-      }
-    });
+  if (opt.weights) {
+    SafetensorsWriter writer;
+    writer.set_metadata("format", "pt");
+    writer.set_metadata("sala_random_weights", "true");
+    writer.set_metadata("sala_seed", std::to_string(opt.seed));
+    const auto tensors = expected_tensors(config);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const TensorSpec& t = tensors[i];
+      const uint64_t stream = opt.seed * 1000003ull + i;
+      const float mean = t.is_vector ? 1.0f : 0.0f, std = init_std(config, t);
+      const DType dtype = opt.dtype;
+      writer.add(t.name, dtype, t.shape, [=](uint8_t* dst) {
+        const int64_t n = shape_numel(t.shape);
+        std::vector<float> row(4096);
+        for (int64_t base = 0; base < n; base += int64_t(row.size())) {
+          const int64_t m = std::min<int64_t>(int64_t(row.size()), n - base);
+          for (int64_t j = 0; j < m; ++j) row[size_t(j)] = mean + std * normal01(stream, uint64_t(base + j));
+          convert_from_f32(row.data(), dtype, dst + size_t(base) * dtype_size(dtype), size_t(m));
+        }
+      });
+    }
+    writer.write(out / "model.safetensors");
   }
-  writer.write(out / "model.safetensors");
   write_text(out / "config.json", config.to_json().dump(2) + "\n");
 
   nlohmann::json gen = {{"bos_token_id", config.bos_token_id}, {"eos_token_id", config.eos_token_ids},

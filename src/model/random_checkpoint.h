@@ -13,6 +13,9 @@ struct RandomCheckpointOptions {
   uint64_t seed = 0;
   DType dtype = DType::BF16;
   std::filesystem::path tokenizer_dir;  // real tokenizer files to copy when the vocab matches
+  // false: config, generation config and tokenizer only, no model.safetensors (the directory of a
+  // model whose weights are generated on the backend: `sala serve --random`).
+  bool weights = true;
 };
 
 // Returns a line describing the tokenizer that was written.

@@ -67,36 +67,37 @@ float init_std(const ModelConfig& c, const TensorSpec& t) {
 
 namespace {
 
-// Assigns loaded tensors to their slots in ModelWeights by checkpoint name.
+// Assigns loaded tensors to their slots in ModelWeights by checkpoint name; load(name, gathered)
+// is told whether the slot is the embedding table (gathered) or a matrix of a product.
 template <typename Load>
 ModelWeights assemble(const ModelConfig& c, Load&& load) {
   ModelWeights mw;
-  mw.embed = load("model.embed_tokens.weight");
-  mw.final_norm = load("model.norm.weight");
-  mw.lm_head = load(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  mw.embed = load("model.embed_tokens.weight", true);  // gathered, not multiplied: stays dense
+  mw.final_norm = load("model.norm.weight", false);
+  mw.lm_head = load(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", false);
   for (int i = 0; i < c.num_layers; ++i) {
     const std::string p = layer_prefix(i), a = p + "self_attn.";
     LayerWeights lw;
     lw.kind = c.mixers[size_t(i)];
-    lw.input_norm = load(p + "input_layernorm.weight");
-    lw.post_norm = load(p + "post_attention_layernorm.weight");
-    lw.q = load(a + "q_proj.weight");
-    lw.k = load(a + "k_proj.weight");
-    lw.v = load(a + "v_proj.weight");
-    lw.o = load(a + "o_proj.weight");
+    lw.input_norm = load(p + "input_layernorm.weight", false);
+    lw.post_norm = load(p + "post_attention_layernorm.weight", false);
+    lw.q = load(a + "q_proj.weight", false);
+    lw.k = load(a + "k_proj.weight", false);
+    lw.v = load(a + "v_proj.weight", false);
+    lw.o = load(a + "o_proj.weight", false);
     if (lw.kind == MixerKind::Sparse) {
-      if (c.attn_use_output_gate) lw.o_gate = load(a + "o_gate.weight");
+      if (c.attn_use_output_gate) lw.o_gate = load(a + "o_gate.weight", false);
     } else {
-      if (c.use_output_gate) lw.z = load(a + "z_proj.weight");
+      if (c.use_output_gate) lw.z = load(a + "z_proj.weight", false);
       if (c.qk_norm) {
-        lw.q_norm = load(a + "q_norm.weight");
-        lw.k_norm = load(a + "k_norm.weight");
+        lw.q_norm = load(a + "q_norm.weight", false);
+        lw.k_norm = load(a + "k_norm.weight", false);
       }
-      if (c.use_output_norm) lw.o_norm = load(a + "o_norm.weight");
+      if (c.use_output_norm) lw.o_norm = load(a + "o_norm.weight", false);
     }
-    lw.gate = load(p + "mlp.gate_proj.weight");
-    lw.up = load(p + "mlp.up_proj.weight");
-    lw.down = load(p + "mlp.down_proj.weight");
+    lw.gate = load(p + "mlp.gate_proj.weight", false);
+    lw.up = load(p + "mlp.up_proj.weight", false);
+    lw.down = load(p + "mlp.down_proj.weight", false);
     mw.layers.push_back(std::move(lw));
   }
   return mw;
@@ -262,32 +263,100 @@ ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt, Backend&
     throw Error(msg);
   }
 
-  return assemble(c, [&](const std::string& name) {
+  std::vector<std::string> dequantized;
+  ModelWeights mw = assemble(c, [&](const std::string& name, bool gathered) {
     const TensorView& v = ckpt.get(name);
     if (v.shape.size() == 1) return backend.load_vector(v);
     auto it = plans.find(name);
     if (it == plans.end()) return backend.load_weight(v);
-    // Dequantize one tensor to f32 on the host, upload it, free it: never the whole model twice.
+    // One tensor at a time is converted on the host and freed: never the whole model twice.
     const WeightPlan& p = it->second;
     const TensorSpec& t = *by_name.at(name);
-    std::vector<float> w(size_t(shape_numel(t.shape)));
     const TensorView* zero = p.zero.empty() ? nullptr : &ckpt.get(p.zero);
     const TensorView* bias = p.bias.empty() ? nullptr : &ckpt.get(p.bias);
-    dequantize_views(p.format, p.group, p.bits, t.shape[0], t.shape[1], v, ckpt.get(p.scale), zero, bias, w.data());
-    return backend.load_weight(TensorView{w.data(), DType::F32, t.shape});
+    if (gathered) {
+      std::vector<float> w(size_t(shape_numel(t.shape)));
+      dequantize_views(p.format, p.group, p.bits, t.shape[0], t.shape[1], v, ckpt.get(p.scale), zero, bias, w.data());
+      dequantized.push_back(name);
+      return backend.load_weight(TensorView{w.data(), DType::F32, t.shape});
+    }
+    const PackedMatrix pm = pack_views(p.format, p.group, p.bits, t.shape[0], t.shape[1], v, ckpt.get(p.scale), zero, bias);
+    return backend.load_quantized_weight(pm.view(), name);
   });
+  mw.dequantized = std::move(dequantized);
+  return mw;
 }
 
-ModelWeights random_weights(const ModelConfig& c, Backend& backend, uint64_t seed) {
+RandomQuant parse_random_quant(const std::string& name) {
+  if (name == "none" || name == "bf16" || name.empty()) return {};
+  if (name == "fp8") return {WeightFormat::FP8, 0};
+  if (name == "int8") return {WeightFormat::Q8, 0};
+  if (name == "int4") return {WeightFormat::Q4, 64};
+  fail("unknown weight quantization '{}' (known: none, fp8, int8, int4)", name);
+}
+
+ModelWeights random_weights(const ModelConfig& c, Backend& backend, uint64_t seed, const RandomQuant& quant) {
   const auto expected = expected_tensors(c);
   std::map<std::string, std::pair<const TensorSpec*, uint64_t>> by_name;
   for (size_t i = 0; i < expected.size(); ++i) by_name[expected[i].name] = {&expected[i], seed * 1000003ull + i};
-  return assemble(c, [&](const std::string& name) {
+  return assemble(c, [&](const std::string& name, bool gathered) {
     const auto& [t, stream] = by_name.at(name);
+    if (quant.format != WeightFormat::Dense && !gathered && is_quantized_tensor(name, t->is_vector)) {
+      const int64_t cols = t->shape[1];
+      const int64_t group = quant.format == WeightFormat::Q4 ? quant.group : cols;
+      SALA_CHECK(cols % group == 0, "random {} weights: {} has {} columns, not a multiple of group {}",
+                 weight_format_name(quant.format), name, cols, group);
+      return backend.random_quantized_weight(quant.format, t->shape[0], cols, group, init_std(c, *t), stream);
+    }
     const float mean = t->is_vector ? 1.0f : 0.0f;
     return backend.random_weight(t->is_vector ? 1 : t->shape[0], t->is_vector ? t->shape[0] : t->shape[1], mean,
                                  init_std(c, *t), stream);
   });
+}
+
+namespace {
+
+// The matrices of products the decode step reads (lm_head only when untied, as matmul_weight_bytes).
+std::vector<const Weight*> product_weights(const ModelConfig& c, const ModelWeights& mw) {
+  std::vector<const Weight*> ws;
+  for (const LayerWeights& l : mw.layers)
+    for (const Weight* w : {&l.q, &l.k, &l.v, &l.o, &l.o_gate, &l.z, &l.gate, &l.up, &l.down})
+      if (w->w.data) ws.push_back(w);
+  if (!c.tie_word_embeddings) ws.push_back(&mw.lm_head);
+  return ws;
+}
+
+}  // namespace
+
+double weight_bytes_per_param(const ModelConfig& c, const ModelWeights& mw) {
+  double bytes = 0, params = 0;
+  for (const Weight* w : product_weights(c, mw)) {
+    bytes += double(w->nbytes());
+    params += double(w->out()) * double(w->in());
+  }
+  return params > 0 ? bytes / params : 0;
+}
+
+std::string describe_weight_formats(const ModelConfig& c, const ModelWeights& mw) {
+  std::map<std::string, int> counts;
+  double bytes = 0;
+  for (const Weight* w : product_weights(c, mw)) {
+    std::string key = w->packed() ? weight_format_name(w->format) : "dense " + std::string(dtype_name(w->w.dtype));
+    if (w->format == WeightFormat::Q4 || (w->format == WeightFormat::Q8 && w->group != w->in()))
+      key += fmt::format(" (group {})", w->group);
+    else if (w->packed())
+      key += " (per row)";
+    counts[key]++;
+    bytes += double(w->nbytes());
+  }
+  std::string s;
+  for (const auto& [k, n] : counts) s += fmt::format("{}{} {}", s.empty() ? "" : ", ", n, k);
+  s += fmt::format(": {:.2f} GB of matrices, {:.3f} bytes/param", bytes / 1e9, weight_bytes_per_param(c, mw));
+  if (!mw.dequantized.empty()) {
+    s += "; dequantized at load (gathered, not multiplied):";
+    for (const auto& n : mw.dequantized) s += " " + n;
+  }
+  return s;
 }
 
 }  // namespace sala

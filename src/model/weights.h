@@ -27,6 +27,9 @@ struct LayerWeights {
 struct ModelWeights {
   Weight embed, final_norm, lm_head;
   std::vector<LayerWeights> layers;
+  // Checkpoint tensors stored quantized but loaded dense: the embedding table (a gather reads one
+  // row per token, so packing it would save memory, not bandwidth). Listed by load_model_verbose.
+  std::vector<std::string> dequantized;
 };
 
 // One expected tensor: its checkpoint name and shape.
@@ -41,16 +44,31 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& config);
 
 // Checks names and shapes (ignoring "*rotary_emb*" and "*compress*" tensors and weights of
 // disabled steps) and uploads every tensor through the backend.
-// A quantized checkpoint (config.json "quantization", docs/quantization.md) is dequantized to f32
-// one tensor at a time on the host; packed shapes are checked against the logical ones. The
-// quantization section is read from the config.json beside the checkpoint's files.
+// A quantized checkpoint (config.json "quantization", docs/quantization.md) keeps its matrices
+// packed (Backend::load_quantized_weight, one tensor converted at a time on the host); a quantized
+// embedding table is dequantized (ModelWeights::dequantized). Packed shapes are checked against
+// the logical ones. The quantization section is read from the config.json beside the checkpoint.
 ModelWeights bind_weights(const ModelConfig& config, const Checkpoint& checkpoint, Backend& backend);
 ModelWeights bind_weights(const ModelConfig& config, const Checkpoint& checkpoint, Backend& backend,
                           const QuantConfig& quant);
 
 // Random weights generated on the backend (benchmarks of full-size shapes without a file), with
-// the same scales `sala init` uses.
-ModelWeights random_weights(const ModelConfig& config, Backend& backend, uint64_t seed);
+// the same scales `sala init` uses. With a packed format, the tensors `sala quantize` quantizes
+// (every projection; not embeddings, norms, lm_head) are random packed codes instead.
+struct RandomQuant {
+  WeightFormat format = WeightFormat::Dense;
+  int64_t group = 64;  // Q4; Q8 and FP8 have one scale per row
+};
+// "none"/"bf16" (dense), "fp8", "int8" (Q8 per row), "int4" (Q4, group 64); else an error.
+RandomQuant parse_random_quant(const std::string& name);
+ModelWeights random_weights(const ModelConfig& config, Backend& backend, uint64_t seed, const RandomQuant& quant = {});
+
+// One line on how the matrices are held, e.g. "224 q4 (group 64), 1 dense: 5.31 GB, 0.59 bytes/param";
+// plus the tensors dequantized at load, if any.
+std::string describe_weight_formats(const ModelConfig& config, const ModelWeights& weights);
+// Bytes per parameter the decode step reads for its matrices (the roofline's weight term):
+// the actual bytes of every projection and the lm_head (untied), over their parameter count.
+double weight_bytes_per_param(const ModelConfig& config, const ModelWeights& weights);
 
 // Standard deviation `sala init` uses for a tensor, so activations neither vanish nor explode.
 float init_std(const ModelConfig& config, const TensorSpec& t);

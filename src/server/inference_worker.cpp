@@ -43,6 +43,7 @@ InferenceWorker::InferenceWorker(WorkerOptions options, Metrics& metrics) : opti
   SALA_CHECK(options.max_running > 0, "--max-running must be positive");
   SALA_CHECK(options.ctx_size > 1, "--ctx-size must be at least 2");
   SALA_CHECK(options.max_queue >= 0, "--max-queue must be >= 0");
+  options.speculative.validate();
 }
 
 InferenceWorker::~InferenceWorker() { shutdown(); }
@@ -108,14 +109,18 @@ void InferenceWorker::main(Loader loader) {
   try {
     ModelLimits limits;
     limits.max_batch_tokens = options_.max_batch_tokens;
-    // Each step returns at most one logits row per running sequence.
-    limits.max_logit_rows = std::max<int64_t>(options_.max_running, 1);
+    // Each step returns at most one logits row per running sequence; speculating, every running
+    // sequence may verify K drafts (K + 1 rows) in the same step.
+    const bool spec = options_.speculative.mode != SpeculativeMode::Off;
+    limits.max_logit_rows = int64_t(options_.max_running) * (spec ? options_.speculative.draft_tokens + 1 : 1);
     bundle_ = loader(limits);
     SALA_CHECK(bundle_.model.model && bundle_.tokenizer, "model loader returned no model");
     engine_ = std::make_unique<Engine>(*bundle_.model.model,
                                        EngineOptions{.max_sequences = options_.max_running, .max_context = options_.ctx_size});
     scheduler_ = std::make_unique<Scheduler>(
-        *engine_, SchedulerOptions{.prefill_chunk = options_.prefill_chunk, .max_batch_tokens = options_.max_batch_tokens});
+        *engine_, SchedulerOptions{.prefill_chunk = options_.prefill_chunk,
+                                   .max_batch_tokens = options_.max_batch_tokens,
+                                   .speculative = options_.speculative});
   } catch (const std::exception& e) {
     {
       std::lock_guard lk(mu_);
@@ -214,6 +219,7 @@ void InferenceWorker::fail_all(int status, const std::string& message) {
 }
 
 void InferenceWorker::publish_gauges() {
+  metrics_.set_speculative(scheduler_->stats().speculative);
   const int64_t running = int64_t(scheduler_->running());
   // Tokens in the caches, from what the worker sees: a request that has produced tokens holds its
   // prompt and all but its newest token; one still prefilling is not counted.

@@ -20,6 +20,7 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/speculative.h"
 #include "engine/text_stream.h"
 #include "model/loader.h"
 #include "tokenizer/tokenizer.h"
@@ -75,6 +76,7 @@ struct WorkerOptions {
   int max_queue = 128;             // waiting requests beyond this are refused (429)
   int64_t prefill_chunk = 256;     // prompt tokens per sequence per step
   int64_t max_batch_tokens = 512;  // tokens per step
+  SpeculativeOptions speculative;  // --speculative: drafts verified inside the batched steps
 };
 
 // What the worker owns once loaded. Members are destroyed bottom-up: the model before its backend.

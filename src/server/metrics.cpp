@@ -73,6 +73,10 @@ void Metrics::set_model_loaded(bool loaded) {
   std::lock_guard lk(mu_);
   loaded_ = loaded;
 }
+void Metrics::set_speculative(const SpeculativeStats& stats) {
+  std::lock_guard lk(mu_);
+  speculative_ = stats;
+}
 
 std::string Metrics::render() const {
   std::lock_guard lk(mu_);
@@ -100,6 +104,18 @@ std::string Metrics::render() const {
   scalar("sala_cache_usage_ratio", "gauge", "cache_tokens_used / cache_tokens_max.",
          tok_max_ > 0 ? double(tok_used_) / double(tok_max_) : 0.0);
   scalar("sala_model_loaded", "gauge", "1 once the model is loaded and serving.", loaded_ ? 1 : 0);
+  const SpeculativeStats& sp = speculative_;
+  scalar("sala_speculative_verify_steps_total", "counter",
+         "Speculative verify rounds (one sequence's [x0, drafts] checked by one forward).", sp.rounds);
+  scalar("sala_speculative_draft_tokens_total", "counter", "Draft tokens verified.", sp.drafted);
+  scalar("sala_speculative_accepted_tokens_total", "counter", "Draft tokens accepted.", sp.accepted);
+  scalar("sala_speculative_emitted_tokens_total", "counter",
+         "Tokens emitted by verify rounds (accepted drafts + corrections/bonuses).", sp.emitted);
+  out += "# HELP sala_speculative_skipped_steps_total Decode steps of a sequence without drafts, by reason.\n"
+         "# TYPE sala_speculative_skipped_steps_total counter\n";
+  for (int r = 0; r < kDraftSkipReasons; ++r)
+    out += fmt::format("sala_speculative_skipped_steps_total{{reason=\"{}\"}} {}\n", draft_skip_name(DraftSkip(r)),
+                       sp.skipped[size_t(r)]);
   ttft_.render(out, "sala_time_to_first_token_seconds", "Time from request arrival to the first generated token.");
   latency_.render(out, "sala_request_latency_seconds", "Time from request arrival to the end of the generation.");
   return out;

@@ -6,6 +6,12 @@
 //   cache_sequences_used / _max, cache_tokens_used / _max, cache_usage_ratio  gauges
 //   time_to_first_token_seconds, request_latency_seconds  histograms (arrival -> first token / finish)
 //   model_loaded                            gauge, 1 once the model serves
+//   speculative_verify_steps_total          counter, sequence verify rounds ([x0, drafts] in one forward)
+//   speculative_draft_tokens_total, speculative_accepted_tokens_total  counters (acceptance = ratio)
+//   speculative_emitted_tokens_total        counter, tokens emitted by verify rounds (/ verify steps =
+//                                           tokens per verify step)
+//   speculative_skipped_steps_total{reason} counter, decode steps without drafts (end/boundary/budget/no_match)
+// The speculative counters stay 0 unless the server runs with --speculative.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -13,6 +19,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "engine/speculative.h"
 
 namespace sala::server {
 
@@ -41,6 +49,7 @@ class Metrics {
   void set_queue(int64_t waiting, int64_t running);
   void set_cache(int64_t sequences_used, int64_t sequences_max, int64_t tokens_used, int64_t tokens_max);
   void set_model_loaded(bool loaded);
+  void set_speculative(const SpeculativeStats& stats);  // the scheduler's running totals
   std::string render() const;
 
  private:
@@ -51,6 +60,7 @@ class Metrics {
   int64_t waiting_ = 0, running_ = 0;
   int64_t seq_used_ = 0, seq_max_ = 0, tok_used_ = 0, tok_max_ = 0;
   bool loaded_ = false;
+  SpeculativeStats speculative_;
   Histogram ttft_, latency_;
 };
 

@@ -9,7 +9,16 @@ out=$("$SALA" info "$SALA_ROOT/tests/data/model/config.json")
 grep -q "layers: 32 (8 sparse at 0, 9, 16, 17, 22, 29, 30, 31; 24 lightning)" <<<"$out" || fail "layout: $out"
 grep -q "parameters: 9.47" <<<"$out" || fail "parameter count: $out"
 grep -q "SLLLLLLLLSLLLLLLSSLLLLSLLLLLLSSS" <<<"$("$SALA" info --preset 9b)" || fail "9b preset layout"
-grep -q "lightning states  48.00 MiB" <<<"$("$SALA" info --preset 9b --context 1048576)" || fail "memory accounting"
+# Cache memory at 1M tokens (engine/memory.h, the accounting `sala bench` reports per row): bf16 K/V
+# 2 x 8 layers x 1M x 2 heads x 128 x 2 B = 8 GiB; K1/K2 5 rows per 64-token page: 320 MiB.
+mem=$("$SALA" info --preset 9b --context 1048576)
+grep -q "lightning states  48.00 MiB" <<<"$mem" || fail "memory accounting: $mem"
+grep -q "sparse K/V        8.00 GiB (8589934592 bytes)" <<<"$mem" || fail "K/V accounting: $mem"
+grep -q "compressed K1/K2  320.00 MiB (335544320 bytes)" <<<"$mem" || fail "K1/K2 accounting: $mem"
+grep -q "sparse K/V        16.00 GiB" <<<"$("$SALA" info --preset 9b --context 1048576 --cache-dtype f32)" ||
+  fail "--cache-dtype f32"
+# Whole pages: 65 tokens hold two 64-token pages (2 x 64 x 512 B x K,V x 8 layers = 1 MiB).
+grep -q "sparse K/V        1.00 MiB (1048576 bytes)" <<<"$("$SALA" info --preset 9b --context 65)" || fail "page rounding"
 
 # init: tiny checkpoint, marked random in config and safetensors, loads and describes itself.
 "$SALA" init "$tmp/tiny" --preset tiny --seed 3 --dtype f32 >/dev/null

@@ -25,7 +25,9 @@ grep -Eq "^context +depth" "$tmp/out" || fail "table header missing: $(cat "$tmp
 grep -Eq "^found [0-9]+ of 6 cells" "$tmp/out" || fail "summary line missing"
 [ -s "$tmp/heat.png" ] || fail "heatmap PNG missing or empty"
 [ -s "$tmp/heat-speed.png" ] || fail "speed PNG missing or empty"
-head -c 8 "$tmp/heat.png" | od -An -c | grep -q "P   N   G" || fail "heatmap is not a PNG"
+for png in "$tmp/heat.png" "$tmp/heat-speed.png"; do
+  [ "$(head -c 8 "$png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || fail "$png is not a PNG"
+done
 
 /usr/bin/python3 - "$tmp/n.json" <<'PY' || fail "JSON schema"
 import json, sys

@@ -17,7 +17,10 @@ for fmt in fp8 int8 int4; do
   grep -q "\"format\": \"$fmt\"" "$tmp/$fmt/config.json" || fail "$fmt: format not recorded"
   [ -f "$tmp/$fmt/tokenizer.json" ] || fail "$fmt: tokenizer not copied"
   [ "$(stat -c %s "$tmp/$fmt/model.safetensors")" -lt "$(stat -c %s "$tmp/f32/model.safetensors")" ] || fail "$fmt: not smaller"
-  "$SALA" logits "$tmp/$fmt" --tokens 1,5,6,7,8,9 --out "$tmp/$fmt.npy" 2>/dev/null || fail "$fmt: does not load"
+  "$SALA" logits "$tmp/$fmt" --tokens 1,5,6,7,8,9 --out "$tmp/$fmt.npy" 2>"$tmp/$fmt.err" || fail "$fmt: does not load"
+  # The matrices stay packed (fp8 -> fp8, int8 -> q8, int4 -> q4) and the loader says so.
+  packed=$(case $fmt in fp8) echo "fp8 (per row)";; int8) echo "q8 (per row)";; int4) echo "q4 (group 64)";; esac)
+  grep -q "weights on cpu: .*32 $packed" "$tmp/$fmt.err" || fail "$fmt: not loaded packed: $(cat "$tmp/$fmt.err")"
   "$SALA" info "$tmp/$fmt" >/dev/null || fail "$fmt: info fails"
 done
 grep -q '"group_size": 64' "$tmp/int4/config.json" || fail "int4 group not recorded"
@@ -28,6 +31,14 @@ grep -aq "weight_zero" "$tmp/int4/model.safetensors" || fail "int4 default wrote
 ! grep -aq "weight_zero" "$tmp/int4sym/model.safetensors" || fail "symmetric wrote zero points"
 "$SALA" logits "$tmp/int4sym" --tokens 1,5,6 --out "$tmp/sym.npy" 2>/dev/null || fail "int4 symmetric does not load"
 ! "$SALA" quantize "$tmp/f32" "$tmp/x" --format int8 --symmetric 2>/dev/null || fail "--symmetric accepted for int8"
+
+# Random packed weights for benchmarks (`sala bench --random PRESET --quant FORMAT`).
+for q in fp8 int8 int4; do
+  "$SALA" bench --random tiny --quant $q --backend cpu --contexts 64 --batches 1 --decode-steps 2 \
+    >"$tmp/bench_$q.out" 2>"$tmp/bench_$q.err" || fail "bench --quant $q: $(cat "$tmp/bench_$q.err")"
+  grep -q "weights on cpu: .* $q\|weights on cpu: .*q[48] (" "$tmp/bench_$q.err" || fail "bench --quant $q: no weights line"
+done
+! "$SALA" bench --random tiny --quant int3 --backend cpu 2>/dev/null || fail "bench --quant int3 accepted"
 
 # Errors: bad format, group that does not divide the tiny model's 64 columns, already quantized.
 ! "$SALA" quantize "$tmp/f32" "$tmp/x" --format int3 2>/dev/null || fail "int3 accepted"

@@ -249,6 +249,42 @@ fi
 node "$SALA_ROOT/tests/server/openai_client.mjs" "$U" "" "$MODEL" || fail "openai client"
 ok "openai npm client"
 
+# --- Speculative decoding inside continuous batching ------------------------------------------------
+# Concurrent greedy requests (prompts of different lengths, chat and completions, streamed or not)
+# give the same outputs as on the plain server; /metrics counts drafts, acceptances, verify steps.
+for mode in self lookup; do
+  start_server "spec_$mode" --max-running 8 --ctx-size 512 --speculative "$mode" --draft-layers 2 --draft-tokens 4
+  V=URL_spec_$mode; V=${!V}
+  wait_ready "$V"
+  $CLIENT "$U" compare "$V" 12 || fail "--speculative $mode changes greedy outputs"
+  curl -s "$V/metrics" >"$WORK/metrics_$mode"
+  for m in sala_speculative_verify_steps_total sala_speculative_draft_tokens_total sala_speculative_accepted_tokens_total \
+    sala_speculative_emitted_tokens_total 'sala_speculative_skipped_steps_total{reason="end"}' \
+    'sala_speculative_skipped_steps_total{reason="boundary"}' 'sala_speculative_skipped_steps_total{reason="budget"}' \
+    'sala_speculative_skipped_steps_total{reason="no_match"}'; do
+    grep -qF "$m " "$WORK/metrics_$mode" || fail "metric $m missing with --speculative $mode"
+  done
+  (( $(metric "$V" sala_speculative_verify_steps_total) > 0 && $(metric "$V" sala_speculative_draft_tokens_total) > 0 )) ||
+    fail "--speculative $mode: no verify steps counted: $(grep speculative "$WORK/metrics_$mode")"
+  (( $(metric "$V" sala_speculative_accepted_tokens_total) <= $(metric "$V" sala_speculative_draft_tokens_total) )) ||
+    fail "--speculative $mode: more accepted than drafted"
+  grep -q "speculative $mode K 4" "$WORK/spec_$mode.log" || fail "--speculative $mode not announced"
+  # Tokens emitted by verify rounds carry logprobs and top_logprobs too (the same tokens as plain).
+  LP='{"prompt":"the sea the sea the sea the","max_tokens":24,"temperature":0,"logprobs":3,"ignore_eos":true}'
+  req POST "$U/v1/completions" "$LP" >/dev/null && cp "$WORK/body" "$WORK/lp_plain"
+  [[ $(req POST "$V/v1/completions" "$LP") == 200 ]] || fail "--speculative $mode logprobs: $(cat "$WORK/body")"
+  jq -e --slurpfile p "$WORK/lp_plain" '.choices[0].logprobs | (.tokens == $p[0].choices[0].logprobs.tokens)
+    and (.token_logprobs | length) == 24 and (.top_logprobs | map(length >= 1) | all)
+    and (.top_logprobs | map(keys)) == ($p[0].choices[0].logprobs.top_logprobs | map(keys))
+    and ([.token_logprobs, $p[0].choices[0].logprobs.token_logprobs] | transpose | map(.[0] - .[1] | fabs < 1e-3) | all)' \
+    "$WORK/body" >/dev/null || fail "--speculative $mode logprobs differ: $(cat "$WORK/body") vs $(cat "$WORK/lp_plain")"
+  P=PID_spec_$mode
+  kill -TERM "${!P}"
+  wait "${!P}" || fail "--speculative $mode server: exit $?"
+done
+[[ $(metric "$U" sala_speculative_verify_steps_total) == 0 ]] || fail "the plain server counted verify steps"
+ok "--speculative self|lookup: same greedy outputs as the plain server, counters in /metrics"
+
 # --- Auth, overload (429) and disconnects, on a one-sequence server -----------------------------------
 start_server small --api-key s3cret --max-running 1 --max-queue 1 --ctx-size 16384 --no-think
 S=$URL_small

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # sala generate/batch --speculative self|lookup: at --temperature 0 the text is the same as without
-# (exact rollback), the timing summary reports acceptance and tokens per verify step, bad flags fail.
+# (exact rollback), also with several prompts decoded together (speculation inside continuous
+# batching); the timing summary reports acceptance, tokens per verify step and the steps without
+# drafts; bad flags fail.
 set -euo pipefail
 SALA=${SALA:?set SALA to the sala binary}
 tmp=$(mktemp -d)
@@ -32,11 +34,23 @@ $SALA generate "$M" "$P" "${G[@]}" --speculative self --draft-layers 1 --draft-t
   >"$tmp/k7.out" 2>/dev/null
 cmp -s "$tmp/plain.out" "$tmp/k7.out" || fail "--draft-tokens 7 --draft-layers 1 changes greedy output"
 
-# batch: same answers with and without speculation (requests run one after another).
-printf '%s\n' '{"prompt": "a b c"}' '{"prompt": "hello hello hello", "max_tokens": 30}' >"$tmp/in.jsonl"
-$SALA batch "$M" --prompts "$tmp/in.jsonl" --parallel 1 --temperature 0 -n 40 --ignore-eos >"$tmp/b0.jsonl" 2>/dev/null
-$SALA batch "$M" --prompts "$tmp/in.jsonl" --temperature 0 -n 40 --ignore-eos --speculative lookup >"$tmp/b1.jsonl" 2>/dev/null
-cmp -s "$tmp/b0.jsonl" "$tmp/b1.jsonl" || fail "batch --speculative lookup changes greedy output"
+# batch: prompts of different lengths (one long enough to prefill over several steps and to run in
+# the sparse regime) decoded together, speculating inside continuous batching: the same answers as
+# plain decoding one prompt at a time.
+long=$(for i in $(seq 150); do printf 'token%d ' $((i % 13)); done)
+printf '%s\n' '{"prompt": "a b c"}' '{"prompt": "hello hello hello", "max_tokens": 30}' \
+  "{\"prompt\": \"$long\", \"max_tokens\": 90}" '{"prompt": "the cat sat on the mat and the cat"}' \
+  '{"prompt": "one two three four five", "max_tokens": 70, "repeat_penalty": 1.2}' >"$tmp/in.jsonl"
+B=(--temperature 0 -n 120 --ignore-eos)
+$SALA batch "$M" --prompts "$tmp/in.jsonl" --parallel 1 "${B[@]}" >"$tmp/b0.jsonl" 2>/dev/null
+for mode in self lookup; do
+  $SALA batch "$M" --prompts "$tmp/in.jsonl" --parallel 3 "${B[@]}" --speculative $mode --draft-layers 2 \
+    >"$tmp/b-$mode.jsonl" 2>"$tmp/b-$mode.err"
+  cmp -s "$tmp/b0.jsonl" "$tmp/b-$mode.jsonl" || fail "batch --parallel 3 --speculative $mode changes greedy output"
+  grep -Eq "^speculative $mode \(K 4.*\): [0-9]+ verify steps, .* decode steps without drafts \(end [0-9]+, boundary [0-9]+, budget [0-9]+, no_match [0-9]+\)" \
+    "$tmp/b-$mode.err" || fail "batch: speculative summary missing: $(cat "$tmp/b-$mode.err")"
+done
+grep -q '"tokens":90' "$tmp/b0.jsonl" || fail "the long prompt's answer is missing: $(cat "$tmp/b0.jsonl")"
 
 # Usage errors.
 if $SALA generate "$M" "$P" --speculative nonsense >/dev/null 2>&1; then fail "bad --speculative accepted"; fi

@@ -143,6 +143,57 @@ int run_bench(int argc, char** argv) {
     }
   }
 
+  // Packed weights (docs/quantization.md): decode GEMV reading the packed bytes (codes + scales,
+  // Weight::nbytes) per format, against the copy ceiling; warps per CTA auto / 4 / 16; and the
+  // prefill path (row blocks dequantized to bf16 + cuBLAS) at N = 512 against the GEMM peak.
+  {
+    struct F {
+      const char* name;
+      WeightFormat f;
+      int64_t group;  // 0: one scale per row
+    };
+    struct S {
+      int64_t out, in;
+    };
+    for (F f : {F{"fp8", WeightFormat::FP8, 0}, F{"int8", WeightFormat::Q8, 0}, F{"int4 g64", WeightFormat::Q4, 64}})
+      for (S s : {S{4096, 4096}, S{16384, 4096}, S{4096, 16384}, S{73448, 4096}}) {
+        const int64_t group = f.group ? f.group : s.in;
+        std::vector<Weight> ws{be.random_quantized_weight(f.f, s.out, s.in, group, 0.02f, 11)};
+        const size_t wbytes = ws[0].nbytes();
+        const int copies = int(std::max<size_t>(1, (size_t(256) << 20) / wbytes));
+        for (int c = 1; c < copies; ++c) ws.push_back(be.random_quantized_weight(f.f, s.out, s.in, group, 0.02f, 11 + c));
+        const std::string shape = std::to_string(s.out) + "x" + std::to_string(s.in);
+        for (int n : {1, 2, 8})
+          for (int mode : {0, 2, 3}) {  // automatic (8 warps for out <= 8192, else 4), 4, 16 warps
+            if (n == 2 && mode != 0) continue;
+            auto xb = be.alloc(size_t(n * s.in) * 2), yb = be.alloc(size_t(n * s.out) * 4);
+            Mat x = xb->mat(DType::BF16, n, s.in),
+                y = yb->mat(n == 1 && s.out == 73448 ? DType::F32 : DType::BF16, n, s.out);
+            auto xh = host_rand(size_t(n * s.in), 1.f, 5);
+            be.upload(x, xh.data());
+            be.set_gemv_mode(mode);
+            const double us = time_us(be, 20, [&](int i) { be.matmul(x, ws[size_t(i % copies)], y); });
+            be.set_gemv_mode(0);
+            const double gb = double(wbytes) / (us * 1e-6) / 1e9;
+            const char* mn[] = {"auto", "", "w4", "w16"};
+            add({std::string("qgemv ") + f.name + " " + mn[mode] + " N=" + std::to_string(n) + " " + shape + " (" +
+                     std::to_string(wbytes >> 20) + " MiB)",
+                 us, gb, 2.0 * n * s.out * s.in / (us * 1e-6) / 1e12, gb / bw});
+          }
+        if (s.out != 73448) {
+          const int64_t n = 512;
+          auto xb = be.alloc(size_t(n * s.in) * 2), yb = be.alloc(size_t(n * s.out) * 2);
+          Mat x = xb->mat(DType::BF16, n, s.in), y = yb->mat(DType::BF16, n, s.out);
+          auto xh = host_rand(size_t(n * s.in), 1.f, 3);
+          be.upload(x, xh.data());
+          const double us = time_us(be, 5, [&](int i) { be.matmul(x, ws[size_t(i % copies)], y); });
+          const double tf = 2.0 * n * s.out * s.in / (us * 1e-6) / 1e12;
+          add({std::string("qgemm ") + f.name + " (dequant+cuBLAS) N=512 " + shape, us,
+               double(wbytes) / (us * 1e-6) / 1e9, tf, tf / std::max(gemm_peak, 1.0)});
+        }
+      }
+  }
+
   // Elementwise and norms at decode and prefill sizes.
   {
     for (int64_t rows : {int64_t(1), int64_t(512)}) {

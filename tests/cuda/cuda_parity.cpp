@@ -14,6 +14,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -26,6 +27,8 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/scheduler.h"
+#include "engine/speculative.h"
 #include "model/model.h"
 #include "model/presets.h"
 #include "model/weights.h"
@@ -210,6 +213,130 @@ void test_matmul(Ctx& C, Rng& r) {
     }
     C.keep.clear();
   }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Fused decode ops: matmul_group (grouped GEMV; must equal per-part matmul bit for bit, and the
+// CPU within bf16 error) and add_rmsnorm (must equal add_scaled + rmsnorm on the GPU bit for bit).
+void test_fused_ops(Ctx& C, Rng& r) {
+  struct G {
+    int64_t n, in;
+    std::vector<int64_t> outs;
+  };
+  const std::vector<G> groups = {{1, 4096, {4096, 256, 256, 4096}}, {1, 256, {200, 72}},      {2, 512, {96, 96, 40}},
+                                 {3, 1024, {300, 17, 64, 1000}},    {8, 4096, {16384, 16384}}, {5, 72, {40, 40}},
+                                 {12, 256, {64, 128}}};
+  for (const G& g : groups) {
+    std::vector<Weight> wc, wg;
+    auto x = randn(r, size_t(g.n * g.in));
+    Mat xc = C.cmat(g.n, g.in, &x), xg = C.gmat(DType::BF16, g.n, g.in, &x);
+    std::vector<Backend::MatmulPart> pc, pg, single;
+    for (int64_t out : g.outs) {
+      auto w = randn(r, size_t(out * g.in), 1.0f / std::sqrt(float(g.in)));
+      TensorView tv{w.data(), DType::F32, {out, g.in}};
+      wc.push_back(C.cpu.load_weight(tv));
+      wg.push_back(C.gpu.load_weight(tv));
+    }
+    for (size_t i = 0; i < g.outs.size(); ++i) {
+      pc.push_back({&wc[i], C.cmat(g.n, g.outs[i])});
+      pg.push_back({&wg[i], C.gmat(DType::BF16, g.n, g.outs[i])});
+      single.push_back({&wg[i], C.gmat(DType::BF16, g.n, g.outs[i])});
+    }
+    for (int mode = 0; mode <= 3; ++mode) {
+      C.gpu.set_gemv_mode(mode);
+      for (auto& p : pg) C.poison(p.y);
+      C.gpu.matmul_group(xg, pg);
+      C.cpu.matmul_group(xc, pc);
+      double worst = 0;
+      bool same = true;
+      for (size_t i = 0; i < pg.size(); ++i) {
+        C.gpu.matmul(xg, *single[i].w, single[i].y);
+        const auto got = C.gget(pg[i].y);
+        worst = std::max(worst, rel_err(got, C.cget(pc[i].y)));
+        same = same && got == C.gget(single[i].y);
+      }
+      check(worst < 1e-2 && same,
+            strf("matmul_group mode %d N=%lld in=%lld parts=%zu", mode, (long long)g.n, (long long)g.in, pg.size()),
+            strf("rel %.2e, %s per-part matmul", worst, same ? "equal to" : "DIFFERS from"));
+    }
+    C.gpu.set_gemv_mode(0);
+    C.keep.clear();
+  }
+
+  for (int64_t rows : {1, 3, 64})
+    for (int64_t cols : {1024, 4096, 2560, 96}) {
+      auto h = randn(r, size_t(rows * cols)), a = randn(r, size_t(rows * cols)), w = randn(r, size_t(cols), 0.2f, 1.f);
+      TensorView tv{w.data(), DType::F32, {cols}};
+      Weight wc = C.cpu.load_vector(tv), wg = C.gpu.load_vector(tv);
+      const float alpha = 0.37f;
+      Mat hc = C.cmat(rows, cols, &h), ac = C.cmat(rows, cols, &a), yc = C.cmat(rows, cols);
+      C.cpu.add_scaled(hc, ac, alpha);
+      C.cpu.rmsnorm(hc, wc, 1e-6f, yc);
+      Mat hg = C.gmat(DType::BF16, rows, cols, &h), ag = C.gmat(DType::BF16, rows, cols, &a),
+          yg = C.gmat(DType::BF16, rows, cols);
+      Mat h2 = C.gmat(DType::BF16, rows, cols, &h), y2 = C.gmat(DType::BF16, rows, cols);
+      C.gpu.add_rmsnorm(hg, ag, alpha, wg, 1e-6f, yg);
+      C.gpu.add_scaled(h2, ag, alpha);
+      C.gpu.rmsnorm(h2, wg, 1e-6f, y2);
+      const auto gh = C.gget(hg), gy = C.gget(yg);
+      const double eh = rel_err(gh, C.cget(hc)), ey = rel_err(gy, C.cget(yc));
+      const bool same = gh == C.gget(h2) && gy == C.gget(y2);
+      check(eh < 1e-2 && ey < 1e-2 && same, strf("add_rmsnorm %lldx%lld", (long long)rows, (long long)cols),
+            strf("rel h %.2e y %.2e, %s unfused", eh, ey, same ? "equal to" : "DIFFERS from"));
+      C.keep.clear();
+    }
+
+  // qk_norm_rope: q and k per-head norms (+ RoPE) in one launch; vs CPU and vs the unfused GPU ops
+  // (RoPE's products may contract into FMAs differently, so "close", not bitwise).
+  for (int hd : {16, 64, 128, 256})
+    for (bool rope : {true, false}) {
+      const int64_t rows = 5, qh = 4, kh = 2;
+      BatchInfo b;
+      for (int64_t i = 0; i < rows; ++i) {
+        b.tokens.push_back(0);
+        b.positions.push_back(int32_t(i == 0 ? 0 : r.uniform(0, 500000)));
+      }
+      C.cpu.begin_batch(b);
+      C.gpu.begin_batch(b);
+      auto q = randn(r, size_t(rows * qh * hd)), k = randn(r, size_t(rows * kh * hd));
+      auto qn = randn(r, size_t(hd), 0.2f, 1.f), kn = randn(r, size_t(hd), 0.2f, 1.f);
+      TensorView tq{qn.data(), DType::F32, {hd}}, tk{kn.data(), DType::F32, {hd}};
+      Weight qnc = C.cpu.load_vector(tq), knc = C.cpu.load_vector(tk), qng = C.gpu.load_vector(tq),
+             kng = C.gpu.load_vector(tk);
+      Mat qc = C.cmat(rows, qh * hd, &q), kc = C.cmat(rows, kh * hd, &k);
+      Mat qg = C.gmat(DType::BF16, rows, qh * hd, &q), kg = C.gmat(DType::BF16, rows, kh * hd, &k);
+      Mat q2 = C.gmat(DType::BF16, rows, qh * hd, &q), k2 = C.gmat(DType::BF16, rows, kh * hd, &k);
+      C.cpu.qk_norm_rope(qc, kc, qnc, knc, 1e-6f, hd, rope, 10000.0);
+      C.gpu.qk_norm_rope(qg, kg, qng, kng, 1e-6f, hd, rope, 10000.0);
+      C.gpu.Backend::qk_norm_rope(q2, k2, qng, kng, 1e-6f, hd, rope, 10000.0);  // the unfused ops
+      const auto gq = C.gget(qg), gk = C.gget(kg);
+      const double eq = rel_err(gq, C.cget(qc)), ek = rel_err(gk, C.cget(kc));
+      const double uq = rel_err(gq, C.gget(q2)), uk = rel_err(gk, C.gget(k2));
+      check(eq < 1e-2 && ek < 1e-2 && uq < 2e-3 && uk < 2e-3,
+            strf("qk_norm_rope head_dim %d rope %d", hd, int(rope)),
+            strf("rel q %.2e k %.2e; vs unfused %.2e %.2e", eq, ek, uq, uk));
+      C.keep.clear();
+    }
+
+  // rmsnorm_gate (lightning o_norm + sigmoid gate), in place like the model calls it.
+  for (int64_t rows : {1, 7})
+    for (int64_t cols : {4096, 1024, 96}) {
+      auto x = randn(r, size_t(rows * cols)), z = randn(r, size_t(rows * cols)), w = randn(r, size_t(cols), 0.2f, 1.f);
+      TensorView tv{w.data(), DType::F32, {cols}};
+      Weight wc = C.cpu.load_vector(tv), wg = C.gpu.load_vector(tv);
+      Mat xc = C.cmat(rows, cols, &x), zc = C.cmat(rows, cols, &z);
+      Mat xg = C.gmat(DType::BF16, rows, cols, &x), zg = C.gmat(DType::BF16, rows, cols, &z);
+      Mat x2 = C.gmat(DType::BF16, rows, cols, &x);
+      C.cpu.rmsnorm_gate(xc, wc, 1e-6f, zc, xc);
+      C.gpu.rmsnorm_gate(xg, wg, 1e-6f, zg, xg);
+      C.gpu.Backend::rmsnorm_gate(x2, wg, 1e-6f, zg, x2);
+      const auto g = C.gget(xg);
+      const double e = rel_err(g, C.cget(xc));
+      const bool same = g == C.gget(x2);
+      check(e < 1e-2 && same, strf("rmsnorm_gate %lldx%lld", (long long)rows, (long long)cols),
+            strf("rel %.2e, %s unfused", e, same ? "equal to" : "DIFFERS from"));
+      C.keep.clear();
+    }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -415,6 +542,142 @@ void test_lightning(Ctx& C, Rng& r) {
     check(ec < 1e-4 && zero, strf("lightning d%d copy_state/reset_state", geo.d), strf("rel %.2e", ec));
   }
   C.gpu.set_gla_fma(false);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Exact lightning rollback (spec §6.2): the CUDA op against the CPU op from identical fp32
+// snapshots (states copied GPU -> CPU first), keep 0 (a copy), partial and full, slot ==
+// snapshot_slot (in place), k/v as row slices (as Engine::rollback passes the captured rows); the
+// GPU result against the recurrent GLA kernel fed the same kept tokens from the snapshot; nothing
+// else touched; argument errors.
+bool throws(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error&) {
+    return true;
+  }
+  return false;
+}
+
+void test_rollback(Ctx& C, Rng& r) {
+  struct Geo {
+    int H, Hkv, d;
+  };
+  bool first = true;
+  for (Geo geo : {Geo{4, 4, 16}, Geo{8, 2, 32}, Geo{4, 2, 64}, Geo{32, 32, 128}}) {
+    const int L = 3, slots = 4;
+    CacheSpec spec;
+    spec.lightning_layers = L;
+    spec.lightning_heads = geo.H;
+    spec.lightning_dim = geo.d;
+    spec.log_decay = slopes_log_decay(geo.H);
+    spec.lightning_scale = 1.0f / std::sqrt(float(geo.d));
+    spec.max_slots = slots;
+    C.cpu.create_caches(spec);
+    C.gpu.create_caches(spec);
+    for (int s = 0; s < slots; ++s) C.cpu.reset_state(s), C.gpu.reset_state(s);
+    const int64_t qw = int64_t(geo.H) * geo.d, kw = int64_t(geo.Hkv) * geo.d;
+    const size_t sf = size_t(geo.H) * geo.d * geo.d;
+    const std::string name = strf("lightning_rollback H%d/%d d%d", geo.H, geo.Hkv, geo.d);
+
+    // Non-trivial states in slots 0..2 of every layer: one 70-token (chunked) call per slot.
+    {
+      BatchInfo b;
+      for (int s = 0; s < 3; ++s) {
+        SeqEntry e;
+        e.slot = s, e.start = 70 * s, e.n_new = 70, e.cached = 0;
+        b.seqs.push_back(e);
+      }
+      for (int i = 0; i < 210; ++i) b.tokens.push_back(1), b.positions.push_back(i % 70);
+      C.gpu.begin_batch(b);
+      for (int l = 0; l < L; ++l) {
+        auto q = randn(r, size_t(210 * qw)), k = randn(r, size_t(210 * kw)), v = randn(r, size_t(210 * kw));
+        Mat qg = C.gmat(DType::BF16, 210, qw, &q), kg = C.gmat(DType::BF16, 210, kw, &k),
+            vg = C.gmat(DType::BF16, 210, kw, &v), og = C.gmat(DType::BF16, 210, qw);
+        C.gpu.lightning_attention(l, qg, kg, vg, og);
+      }
+      C.keep.clear();
+    }
+    auto gstate = [&](int s, int l) {
+      std::vector<float> h(sf);
+      C.gpu.download_state(s, l, h.data());
+      return h;
+    };
+    auto cstate = [&](int s, int l) { return std::vector<float>(C.cpu.state(s, l), C.cpu.state(s, l) + sf); };
+    auto sync_cpu = [&] {
+      for (int s = 0; s < slots; ++s)
+        for (int l = 0; l < L; ++l) {
+          auto h = gstate(s, l);
+          std::copy(h.begin(), h.end(), C.cpu.state(s, l));
+        }
+    };
+
+    // 14 captured rows; the op sees rows [2, 14) like a verify call packed after another sequence.
+    const int64_t T = 12, off = 2;
+    auto k = randn(r, size_t((T + off) * kw)), v = randn(r, size_t((T + off) * kw));
+    Mat kc = C.cmat(T + off, kw, &k).slice_rows(off, T), vc = C.cmat(T + off, kw, &v).slice_rows(off, T);
+    Mat kg = C.gmat(DType::BF16, T + off, kw, &k).slice_rows(off, T);
+    Mat vg = C.gmat(DType::BF16, T + off, kw, &v).slice_rows(off, T);
+
+    struct Case {
+      int64_t keep;
+      int slot, snap, layer;
+    };
+    const std::vector<Case> cases = {{0, 0, 1, 1}, {1, 0, 1, 1}, {3, 0, 2, 0}, {7, 3, 1, 2},
+                                     {T, 0, 1, 1}, {5, 1, 1, 1}, {T, 2, 2, 2}, {0, 1, 1, 0}};
+    for (const Case& c : cases) {
+      sync_cpu();
+      std::vector<std::vector<float>> before;
+      for (int s = 0; s < slots; ++s)
+        for (int l = 0; l < L; ++l) before.push_back(gstate(s, l));
+      C.cpu.lightning_rollback(c.layer, c.slot, c.snap, kc, vc, c.keep);
+      C.gpu.lightning_rollback(c.layer, c.slot, c.snap, kg, vg, c.keep);
+      const double e = rel_err(gstate(c.slot, c.layer), cstate(c.slot, c.layer));
+      bool others = true;
+      for (int s = 0; s < slots; ++s)
+        for (int l = 0; l < L; ++l)
+          if (s != c.slot || l != c.layer) others &= gstate(s, l) == before[size_t(s * L + l)];
+      const bool ok = (c.keep == 0 ? e == 0.0 : e < 1e-5) && others;
+      check(ok,
+            strf("%s keep %lld slot %d <- %d layer %d%s", name.c_str(), (long long)c.keep, c.slot, c.snap, c.layer,
+                 c.slot == c.snap ? " (in place)" : ""),
+            strf("rel %.2e vs cpu, others %s", e, others ? "untouched" : "CHANGED"));
+    }
+
+    // Against the recurrence: the snapshot (slot 1, layer 1) advanced by the recurrent kernel over
+    // the same kept rows (in slot 3) equals rollback(keep) into slot 0.
+    double worst = 0;
+    for (int64_t keep : {int64_t(1), int64_t(4), T}) {
+      C.gpu.copy_state(1, 3);
+      BatchInfo b;
+      SeqEntry e;
+      e.slot = 3, e.start = 0, e.n_new = keep, e.cached = 100;
+      b.seqs.push_back(e);
+      for (int64_t i = 0; i < keep; ++i) b.tokens.push_back(1), b.positions.push_back(int32_t(100 + i));
+      C.gpu.begin_batch(b);
+      auto q = randn(r, size_t(keep * qw));
+      Mat qg = C.gmat(DType::BF16, keep, qw, &q), og = C.gmat(DType::BF16, keep, qw);
+      C.gpu.lightning_attention(1, qg, kg.slice_rows(0, keep), vg.slice_rows(0, keep), og);
+      C.gpu.lightning_rollback(1, 0, 1, kg, vg, keep);
+      worst = std::max(worst, rel_err(gstate(0, 1), gstate(3, 1)));
+    }
+    check(worst < 1e-5, name + " == recurrent kernel over the kept tokens", strf("worst rel %.2e", worst));
+
+    if (first) {  // argument errors name the problem instead of corrupting states
+      first = false;
+      Mat kf = C.gmat(DType::F32, T, kw, &k);
+      const bool all = throws([&] { C.gpu.lightning_rollback(1, 0, 1, kg, vg, T + 1); }) &&   // keep > rows
+                       throws([&] { C.gpu.lightning_rollback(L, 0, 1, kg, vg, 1); }) &&       // layer
+                       throws([&] { C.gpu.lightning_rollback(1, slots, 1, kg, vg, 1); }) &&   // slot
+                       throws([&] { C.gpu.lightning_rollback(1, 0, -1, kg, vg, 1); }) &&      // snapshot slot
+                       throws([&] { C.gpu.lightning_rollback(1, 0, 1, kg, vg, -1); }) &&      // negative keep
+                       throws([&] { C.gpu.lightning_rollback(1, 0, 1, kf, vg, 1); }) &&       // k/v dtypes differ
+                       throws([&] { C.gpu.lightning_rollback(1, 0, 1, kg.reshape(T * kw / 8, 8),
+                                                             vg.reshape(T * kw / 8, 8), 1); });  // width % d
+      check(all, name + " argument errors throw");
+    }
+    C.keep.clear();
+  }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -724,6 +987,209 @@ void test_graphs() {
   }
 }
 
+// ------------------------------------------------------------------------------------------------
+// Speculative decoding through the engine and the scheduler on CUDA: the tiny preset with
+// counter-RNG weights (identical on every backend object), bf16 activations.
+struct TinyGpu {
+  CudaBackend gpu{0};
+  ModelConfig cfg;
+  std::unique_ptr<Model> model;
+  TinyGpu() : cfg(preset_config("tiny")) {
+    cfg.random_weights = true;
+    model = std::make_unique<Model>(cfg, random_weights(cfg, gpu, 1234), gpu,
+                                    ModelLimits{.max_batch_tokens = 512, .max_logit_rows = 64});
+  }
+};
+
+std::vector<int32_t> tiny_tokens(int n, int vocab, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_int_distribution<int32_t> d(5, vocab - 1);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = d(g);
+  return t;
+}
+
+// The prompt in chunks of 256, every chunk in the regime of the whole prompt (as the scheduler
+// prefills); the logits after its last token.
+std::vector<float> prefill(Engine& e, int s, const std::vector<int32_t>& prompt) {
+  const int64_t n = int64_t(prompt.size());
+  std::vector<float> last;
+  for (int64_t at = 0; at < n; at += 256) {
+    const int64_t take = std::min<int64_t>(256, n - at);
+    Engine::Request r{s, std::span(prompt).subspan(size_t(at), size_t(take)), n, false, at + take == n};
+    auto out = e.step(std::span(&r, 1));
+    if (at + take == n) last = std::move(out[0]);
+  }
+  return last;
+}
+
+// Engine::rollback on CUDA: verify 5 tokens, keep the first `keep` (optionally after a self-draft
+// pass that is rolled back to the snapshot first); the lightning states (per head) and the next
+// step's logits must equal a run that only ever saw the kept tokens. The two runs use different
+// call shapes (a 5-token verify vs a keep-token call), so they agree up to bf16 kernel rounding,
+// not bitwise; a wrong rollback (a rejected token left in a state, a missing decay) is far larger
+// in the fast-decaying heads, hence the per-head maximum.
+void test_engine_rollback() {
+  struct Case {
+    int prompt, keep;
+    bool draft;
+  };
+  // 40: dense regime; 318 + 5 crosses the page boundary at 320 and K1/K2 chunk ends (sparse).
+  const std::vector<Case> cases = {{40, 0, false},  {40, 1, false},  {40, 3, false},  {40, 5, false}, {40, 2, true},
+                                   {318, 0, false}, {318, 1, false}, {318, 4, false}, {318, 2, true}};
+  for (const Case& c : cases) {
+    TinyGpu A, B;
+    const int V = A.cfg.vocab_size;
+    const auto prompt = tiny_tokens(c.prompt, V, 3);
+    const auto verify = tiny_tokens(5, V, 4);
+    const int32_t next = 77;
+    Engine ea(*A.model, {.max_sequences = 1, .max_context = 1024});
+    Engine eb(*B.model, {.max_sequences = 1, .max_context = 1024});
+    const int sa = ea.open(), sb = eb.open();  // both in lightning slot 0 (the snapshot takes slot 1)
+    prefill(ea, sa, prompt);
+    prefill(eb, sb, prompt);
+    ea.begin_speculation(sa);
+    if (c.draft) {
+      for (int i = 0; i < 3; ++i) {
+        Engine::Request r{sa, std::span(&verify[size_t(i)], 1)};
+        ea.step(std::span(&r, 1), 2);
+      }
+      ea.rollback(sa, c.prompt);
+    }
+    Engine::Request rv{sa, verify, -1, true};
+    ea.step(std::span(&rv, 1));
+    ea.rollback(sa, c.prompt + c.keep);
+    if (c.keep > 0) {
+      Engine::Request rk{sb, std::span(verify).first(size_t(c.keep))};
+      eb.step(std::span(&rk, 1));
+    }
+    const int L = A.cfg.count(MixerKind::Lightning), H = A.cfg.lightning_heads, d = A.cfg.lightning_head_dim;
+    const size_t hs = size_t(d) * d;
+    double state_err = 0;
+    std::vector<float> ga(size_t(H) * hs), gb(ga.size());
+    for (int l = 0; l < L; ++l) {
+      A.gpu.download_state(0, l, ga.data());
+      B.gpu.download_state(0, l, gb.data());
+      for (int h = 0; h < H; ++h)
+        state_err = std::max(state_err, rel_err(std::vector<float>(ga.begin() + h * hs, ga.begin() + (h + 1) * hs),
+                                                std::vector<float>(gb.begin() + h * hs, gb.begin() + (h + 1) * hs)));
+    }
+    Engine::Request na{sa, std::span(&next, 1)}, nb{sb, std::span(&next, 1)};
+    const auto la = ea.step(std::span(&na, 1))[0], lb = eb.step(std::span(&nb, 1))[0];
+    const double logit_err = rel_err(la, lb);
+    check(ea.length(sa) == eb.length(sb) && state_err < 1e-2 && logit_err < 2e-2,
+          strf("engine rollback prompt %d keep %d%s", c.prompt, c.keep, c.draft ? " after a draft pass" : ""),
+          strf("states rel %.2e (worst head), next logits rel %.2e", state_err, logit_err));
+  }
+}
+
+std::vector<std::vector<int32_t>> scheduler_generate(Model& model, const std::vector<std::vector<int32_t>>& prompts,
+                                                     int n, SpeculativeOptions so, SpeculativeStats* stats) {
+  Engine e(model, {.max_sequences = int(prompts.size()), .max_context = 1024});
+  SchedulerOptions opt;
+  opt.speculative = so;
+  Scheduler sch(e, opt);
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest req;
+    req.prompt = prompts[i];
+    req.sampling.temperature = 0;
+    req.max_tokens = n;
+    req.ignore_eos = true;
+    req.on_token = [&out, i](const SampledToken& t) {
+      out[i].push_back(t.id);
+      return true;
+    };
+    sch.submit(std::move(req));
+  }
+  sch.run();
+  if (stats) *stats = sch.stats().speculative;
+  return out;
+}
+
+// Teacher forcing: plain single-token decoding of prompt + tokens; each token must be the argmax of
+// the logits before it, or within 1% of the row's largest |logit| of the maximum (a near tie that
+// bf16 rounding of a multi-token verify call may resolve the other way).
+struct Forced {
+  int exact = 0, near = 0, bad = 0;
+  std::string first_bad;
+};
+Forced teacher_force(Model& model, const std::vector<int32_t>& prompt, const std::vector<int32_t>& tokens) {
+  Engine e(model, {.max_sequences = 1, .max_context = 1024});
+  const int s = e.open();
+  std::vector<float> row = prefill(e, s, prompt);
+  Forced f;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const size_t am = size_t(std::max_element(row.begin(), row.end()) - row.begin());
+    float big = 0;
+    for (float x : row) big = std::max(big, std::fabs(x));
+    const float t = row[size_t(tokens[i])];
+    if (size_t(tokens[i]) == am) {
+      ++f.exact;
+    } else if (t >= row[am] - 1e-2f * big) {
+      ++f.near;
+    } else if (f.bad++ == 0) {
+      f.first_bad = strf("token %zu: %d (logit %.5f) but argmax %zu (%.5f)", i, tokens[i], t, am, row[am]);
+    }
+    Engine::Request r{s, std::span(&tokens[i], 1)};
+    row = e.step(std::span(&r, 1))[0];
+  }
+  return f;
+}
+
+// Greedy speculative output (self-draft and prompt lookup) against plain greedy decoding, 300
+// tokens: prompt 20 crosses dense_len 256 while decoding (the verify is shortened at the switch),
+// prompt 300 decodes in the sparse regime; alone and both in one batch.
+void test_speculative_greedy() {
+  TinyGpu T;
+  const int V = T.cfg.vocab_size, n = 300;
+  const std::vector<std::vector<int32_t>> prompts = {tiny_tokens(20, V, 21), tiny_tokens(300, V, 22)};
+  std::vector<std::vector<int32_t>> plain;
+  for (const auto& p : prompts) plain.push_back(scheduler_generate(*T.model, {p}, n, {}, nullptr)[0]);
+  struct Mode {
+    const char* name;
+    SpeculativeOptions o;
+    bool batched;
+  };
+  const std::vector<Mode> modes = {
+      {"self L2 K4", {.mode = SpeculativeMode::Self, .draft_layers = 2, .draft_tokens = 4}, false},
+      {"self L1 K7", {.mode = SpeculativeMode::Self, .draft_layers = 1, .draft_tokens = 7}, false},
+      {"lookup K4", {.mode = SpeculativeMode::Lookup, .draft_layers = 8, .draft_tokens = 4}, false},
+      {"self L2 K4, batch of 2", {.mode = SpeculativeMode::Self, .draft_layers = 2, .draft_tokens = 4}, true},
+      {"lookup K4, batch of 2", {.mode = SpeculativeMode::Lookup, .draft_layers = 8, .draft_tokens = 4}, true},
+  };
+  for (const Mode& m : modes) {
+    SpeculativeStats st;
+    std::vector<std::vector<int32_t>> outs;
+    if (m.batched) {
+      outs = scheduler_generate(*T.model, prompts, n, m.o, &st);
+    } else {
+      for (const auto& p : prompts) {
+        SpeculativeStats one;
+        outs.push_back(scheduler_generate(*T.model, {p}, n, m.o, &one)[0]);
+        st.rounds += one.rounds, st.drafted += one.drafted, st.accepted += one.accepted, st.emitted += one.emitted;
+      }
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const Forced f = teacher_force(*T.model, prompts[i], outs[i]);
+      size_t same = 0;
+      while (same < outs[i].size() && same < plain[i].size() && outs[i][same] == plain[i][same]) ++same;
+      const bool identical = outs[i] == plain[i];
+      check(int(outs[i].size()) == n && f.bad == 0,
+            strf("speculative greedy %s, prompt %zu", m.name, prompts[i].size()),
+            strf("%s; argmax %d, near tie %d, wrong %d%s", identical ? "identical to plain" :
+                 strf("same as plain for %zu tokens", same).c_str(), f.exact, f.near, f.bad,
+                 f.bad ? (" (" + f.first_bad + ")").c_str() : ""));
+    }
+    // The drafts must have been exercised: rounds with accepted drafts mean rollbacks with keep > 1.
+    const bool lookup = m.o.mode == SpeculativeMode::Lookup;
+    check(st.rounds > 0 && st.drafted > 0 && (lookup || st.accepted > 0),
+          strf("speculative greedy %s: drafts verified", m.name),
+          strf("%lld rounds, acceptance %.3f (%lld/%lld), %.2f tokens per round", (long long)st.rounds,
+               st.acceptance(), (long long)st.accepted, (long long)st.drafted, st.tokens_per_round()));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -739,8 +1205,11 @@ int main(int argc, char** argv) {
     Rng r(20260515);
     test_memory(C, r);
     test_matmul(C, r);
+    { void test_quant_parity(int&, int&); test_quant_parity(g_pass, g_fail); }  // cuda_quant_parity.cpp
+    test_fused_ops(C, r);
     test_rows_ops(C, r);
     test_lightning(C, r);
+    test_rollback(C, r);
     const std::vector<SparseGeo> geos = {
         {"tiny d16 G2 bs16", 16, 2, 4, 16, 8, 4, 1, 4, 4, {100, 100, 100}, 150},
         {"small d64 G2 bs64", 64, 2, 4, 64, 32, 16, 1, 8, 8, {500, 500, 500}, 1100},
@@ -749,6 +1218,8 @@ int main(int argc, char** argv) {
     };
     for (const auto& g : geos) test_sparse(C, r, g);
     test_graphs();
+    test_engine_rollback();
+    test_speculative_greedy();
   } catch (const std::exception& e) {
     std::printf("[FAIL] exception: %s\n", e.what());
     ++g_fail;

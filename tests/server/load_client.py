@@ -4,6 +4,8 @@
   load_client.py URL consistency N    N greedy requests alone, then all at once: outputs must match
   load_client.py URL load C R         C clients x R streaming chat requests: no errors; prints p50/p99
   load_client.py URL sse PATH BODY    one streaming request: checks the SSE framing, prints the JSON
+  load_client.py URL compare URL2 N   N concurrent greedy requests (prompts of different lengths) on each
+                                      server: the outputs of URL2 (e.g. speculating) must equal URL's
 Exit status 1 on any failure, with the reason on stderr.
 """
 import http.client
@@ -115,6 +117,60 @@ def consistency(url, n):
     print(f"consistency: {n} concurrent greedy requests match their solo outputs")
 
 
+def run_concurrently(fn, n):
+    """fn(i) for i in range(n), all started together; returns the results in order."""
+    results, errors = [None] * n, []
+    barrier = threading.Barrier(n)
+
+    def worker(i):
+        try:
+            barrier.wait()
+            results[i] = fn(i)
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"request {i}: {e}")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    if errors:
+        raise RuntimeError("; ".join(errors[:5]))
+    return results
+
+
+def compare(url, url2, n):
+    # Prompts from a few tokens to several hundred (longer ones prefill while others decode), some
+    # repetitive (prompt lookup finds drafts), a repetition penalty on some, chat and completions.
+    words = ["sea", "sky", "moon", "rain", "the", "and"]
+    prompts = [" ".join(words[(i + j) % len(words)] for j in range(3 + 40 * (i % 4))) for i in range(n)]
+
+    def body(i):
+        b = {"max_tokens": 40 + 8 * (i % 3), "temperature": 0, "ignore_eos": True, "stream": i % 2 == 1}
+        if i % 3 == 2:
+            b["repetition_penalty"] = 1.2
+        if i % 4 == 3:
+            return "/v1/chat/completions", dict(b, messages=[{"role": "user", "content": prompts[i]}])
+        return "/v1/completions", dict(b, prompt=prompts[i])
+
+    def run(u):
+        def one(i):
+            path, b = body(i)
+            if b["stream"]:
+                return stream_text(post_sse(u, path, b)[0])
+            d = post_json(u, path, b)
+            ch = d["choices"][0]
+            return (ch["message"]["content"] if "message" in ch else ch["text"]), ch["finish_reason"]
+        return run_concurrently(one, n)
+
+    a, b = run(url), run(url2)
+    bad = [i for i in range(n) if a[i] != b[i]]
+    if bad:
+        i = bad[0]
+        raise RuntimeError(f"{len(bad)}/{n} outputs differ; e.g. #{i}: {a[i]!r} vs {b[i]!r}")
+    print(f"compare: {n} concurrent greedy requests give the same outputs on both servers")
+
+
 def load(url, clients, per_client):
     latencies, ttfts, errors = [], [], []
     lock = threading.Lock()
@@ -164,6 +220,8 @@ def main():
             consistency(url, int(sys.argv[3]))
         elif mode == "load":
             load(url, int(sys.argv[3]), int(sys.argv[4]))
+        elif mode == "compare":
+            compare(url, sys.argv[3], int(sys.argv[4]))
         elif mode == "sse":
             chunks, _ = post_sse(url, sys.argv[3], json.loads(sys.argv[4]))
             print(json.dumps(chunks))

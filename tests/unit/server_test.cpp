@@ -167,6 +167,29 @@ TEST(Metrics, PrometheusText) {
   EXPECT_NE(s.find("# TYPE sala_request_latency_seconds histogram\n"), std::string::npos);
 }
 
+TEST(Metrics, SpeculativeCounters) {
+  Metrics m;
+  std::string s = m.render();
+  EXPECT_NE(s.find("# TYPE sala_speculative_verify_steps_total counter\nsala_speculative_verify_steps_total 0\n"),
+            std::string::npos);  // present (0) without --speculative
+  SpeculativeStats st;
+  st.rounds = 7;
+  st.drafted = 28;
+  st.accepted = 12;
+  st.emitted = 19;
+  st.skipped[size_t(DraftSkip::Boundary)] = 2;
+  st.skipped[size_t(DraftSkip::NoMatch)] = 5;
+  m.set_speculative(st);
+  s = m.render();
+  EXPECT_NE(s.find("sala_speculative_verify_steps_total 7\n"), std::string::npos);
+  EXPECT_NE(s.find("sala_speculative_draft_tokens_total 28\n"), std::string::npos);
+  EXPECT_NE(s.find("sala_speculative_accepted_tokens_total 12\n"), std::string::npos);
+  EXPECT_NE(s.find("sala_speculative_emitted_tokens_total 19\n"), std::string::npos);
+  EXPECT_NE(s.find("sala_speculative_skipped_steps_total{reason=\"boundary\"} 2\n"), std::string::npos);
+  EXPECT_NE(s.find("sala_speculative_skipped_steps_total{reason=\"no_match\"} 5\n"), std::string::npos);
+  EXPECT_NE(s.find("sala_speculative_skipped_steps_total{reason=\"end\"} 0\n"), std::string::npos);
+}
+
 // --- Model ids ------------------------------------------------------------------------------------
 
 namespace {

@@ -1,6 +1,7 @@
-// Speculative decoding (spec §6): exact rollback of lightning states and KV pages, greedy output
-// identical to plain decoding (self-draft and prompt lookup, dense and sparse regimes), and exact
-// target-distribution sampling at temperature > 0.
+// Speculative decoding (spec §6): exact rollback of lightning states and KV pages; speculation
+// inside the continuous-batching Scheduler with several concurrent requests (some prefilling while
+// others verify) giving output identical to plain greedy decoding (self-draft and prompt lookup,
+// dense and sparse regimes); and exact target-distribution sampling at temperature > 0.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -103,12 +104,13 @@ struct Generated {
   FinishReason why = FinishReason::Cancelled;
 };
 
-GenerationRequest make_request(std::vector<int32_t> prompt, SamplingParams p, int max_tokens, Generated& out) {
+GenerationRequest make_request(std::vector<int32_t> prompt, SamplingParams p, int max_tokens, Generated& out,
+                               bool ignore_eos = true) {
   GenerationRequest req;
   req.prompt = std::move(prompt);
   req.sampling = p;
   req.max_tokens = max_tokens;
-  req.ignore_eos = true;
+  req.ignore_eos = ignore_eos;
   req.on_token = [&out](const SampledToken& t) {
     out.tokens.push_back(t.id);
     return true;
@@ -117,23 +119,30 @@ GenerationRequest make_request(std::vector<int32_t> prompt, SamplingParams p, in
   return req;
 }
 
-Generated plain_generate(Fixture& f, const std::vector<int32_t>& prompt, SamplingParams p, int n) {
-  Engine e(*f.m.model, {.max_sequences = 1, .max_context = 1024});
-  Scheduler sch(e, {});
-  Generated g;
-  sch.submit(make_request(prompt, p, n, g));
+struct Job {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int max_tokens = 0;
+  bool ignore_eos = true;
+};
+
+// Runs every job through one Scheduler of `max_sequences` sequences: jobs beyond that wait for a
+// free sequence, and prompts longer than `prefill_chunk` prefill over several steps, packed with
+// the decode/verify rows of the others.
+std::vector<Generated> run_jobs(Fixture& f, const std::vector<Job>& jobs, int max_sequences, SpeculativeOptions spec,
+                                SchedulerStats* stats = nullptr, int64_t prefill_chunk = 32) {
+  Engine e(*f.m.model, {.max_sequences = max_sequences, .max_context = 1024});
+  Scheduler sch(e, {.prefill_chunk = prefill_chunk, .max_batch_tokens = 512, .speculative = spec});
+  std::vector<Generated> out(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i)
+    sch.submit(make_request(jobs[i].prompt, jobs[i].sampling, jobs[i].max_tokens, out[i], jobs[i].ignore_eos));
   sch.run();
-  return g;
+  if (stats) *stats = sch.stats();
+  return out;
 }
 
-Generated spec_generate(Fixture& f, const std::vector<int32_t>& prompt, SamplingParams p, int n,
-                        SpeculativeOptions o, SpeculativeStats* stats = nullptr) {
-  Engine e(*f.m.model, {.max_sequences = 1, .max_context = 1024});
-  SpeculativeGenerator gen(e, o);
-  Generated g;
-  gen.run(make_request(prompt, p, n, g));
-  if (stats) *stats = gen.spec_stats();
-  return g;
+Generated plain_generate(Fixture& f, const Job& job) {
+  return run_jobs(f, {job}, 1, {}, nullptr, 256)[0];
 }
 
 }  // namespace
@@ -207,43 +216,166 @@ TEST(Speculative, LookupProposesContinuationOfLongestNgram) {
   EXPECT_TRUE(LookupDrafter::lookup(std::vector<int32_t>{1, 2, 3}, 4).empty());
 }
 
+TEST(Speculative, MaxDraftTokensRespectsEndContextAndRegimeBoundary) {
+  DraftSkip why = DraftSkip::Budget;
+  EXPECT_EQ(max_draft_tokens(100, 1024, 50, 256, 4, &why), 4);
+  EXPECT_EQ(max_draft_tokens(100, 1024, 3, 256, 4, &why), 2);  // K + 1 tokens within max_tokens
+  EXPECT_EQ(max_draft_tokens(100, 1024, 1, 256, 4, &why), 0);
+  EXPECT_EQ(why, DraftSkip::End);
+  EXPECT_EQ(max_draft_tokens(1020, 1024, 50, 256, 4, &why), 2);  // plain decode ends at length 1023
+  EXPECT_EQ(max_draft_tokens(1022, 1024, 50, 256, 4, &why), 0);
+  EXPECT_EQ(why, DraftSkip::End);
+  // dense_len 256: the token at position p decodes sparse iff p + 1 >= 256.
+  EXPECT_EQ(max_draft_tokens(250, 1024, 50, 256, 4, &why), 4);  // positions 250..254: all dense
+  EXPECT_EQ(max_draft_tokens(252, 1024, 50, 256, 4, &why), 2);  // 252..254 dense, 255 would be sparse
+  EXPECT_EQ(max_draft_tokens(254, 1024, 50, 256, 4, &why), 0);
+  EXPECT_EQ(why, DraftSkip::Boundary);
+  EXPECT_EQ(max_draft_tokens(255, 1024, 50, 256, 4, &why), 4);  // all sparse
+}
+
+TEST(Speculative, SchedulerNeedsRoomForOneFullVerify) {
+  Fixture f;  // max_logit_rows 64
+  Engine e(*f.m.model, {.max_sequences = 40, .max_context = 256});
+  SpeculativeOptions spec{.mode = SpeculativeMode::Self, .draft_layers = 2, .draft_tokens = 25};
+  EXPECT_THROW(Scheduler(e, {.speculative = spec}), Error);  // 40 + 25 rows > 64
+  spec.draft_tokens = 33;
+  Engine e2(*f.m.model, {.max_sequences = 1, .max_context = 256});
+  EXPECT_THROW(Scheduler(e2, {.speculative = spec}), Error);
+  spec.draft_tokens = 24;
+  Scheduler ok(e2, {.speculative = spec});
+  EXPECT_TRUE(ok.speculative());
+  EXPECT_EQ(ok.options().speculative.draft_layers, 2);
+}
+
 namespace {
-void check_greedy_identity(int prompt_len, uint32_t seed) {
+// Several concurrent greedy requests of different prompt lengths through one speculating
+// Scheduler (3 sequences for 5 requests, 32-token prefill chunks: prompts prefill while other
+// sequences verify) against each request decoded alone without speculation.
+void check_greedy_identity(const std::vector<int>& prompt_lens, const std::vector<int>& max_tokens, uint32_t seed) {
   Fixture f;
-  const auto prompt = random_tokens(prompt_len, f.vocab(), seed);
-  SamplingParams p;
-  p.temperature = 0;
-  const int n = 300;
-  const Generated ref = plain_generate(f, prompt, p, n);
-  ASSERT_EQ(ref.tokens.size(), size_t(n));
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  std::vector<Job> jobs;
+  for (size_t i = 0; i < prompt_lens.size(); ++i) {
+    Job j{random_tokens(prompt_lens[i], f.vocab(), seed + uint32_t(i)), greedy, max_tokens[i]};
+    if (i == 1) j.sampling.repetition_penalty = 1.3f;  // penalties see the drafts of each verify row
+    if (i == 2) j.ignore_eos = false;                  // may end early, on an EOS inside a verify round
+    jobs.push_back(std::move(j));
+  }
+  std::vector<Generated> ref;
+  for (const Job& j : jobs) ref.push_back(plain_generate(f, j));
+  EXPECT_EQ(ref[0].tokens.size(), size_t(max_tokens[0]));
   for (auto mode : {SpeculativeMode::Self, SpeculativeMode::Lookup}) {
-    SpeculativeStats st;
-    const Generated g = spec_generate(f, prompt, p, n, {.mode = mode, .draft_layers = 2, .draft_tokens = 4}, &st);
-    EXPECT_EQ(g.tokens, ref.tokens) << speculative_mode_name(mode) << " prompt " << prompt_len;
-    EXPECT_EQ(g.why, FinishReason::Length);
-    EXPECT_GT(st.rounds, 0);
-    EXPECT_LE(st.rounds, n);
-    std::printf("  %s prompt %d: %lld rounds, acceptance %.3f, %.2f tokens/verify\n", speculative_mode_name(mode),
-                prompt_len, (long long)st.rounds, st.acceptance(), st.tokens_per_round());
+    SchedulerStats st;
+    const auto got = run_jobs(f, jobs, 3, {.mode = mode, .draft_layers = 2, .draft_tokens = 4}, &st);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, ref[i].tokens) << speculative_mode_name(mode) << " request " << i << " (prompt "
+                                              << prompt_lens[i] << ")";
+      EXPECT_EQ(got[i].why, ref[i].why) << speculative_mode_name(mode) << " request " << i;
+    }
+    const SpeculativeStats& sp = st.speculative;
+    EXPECT_GT(sp.rounds, 0);
+    EXPECT_GT(sp.accepted, 0);
+    EXPECT_LE(sp.accepted, sp.drafted);
+    EXPECT_LE(sp.emitted, sp.accepted + sp.rounds);
+    // Every generated token came from a prefill logit row, a verify round or a plain decode step.
+    // (The first token of each request comes from its prefill; an EOS is generated but not reported.)
+    int64_t generated = 0;
+    for (const auto& g : got) generated += int64_t(g.tokens.size()) + (g.why == FinishReason::Stop ? 1 : 0);
+    EXPECT_EQ(st.generated_tokens, generated);
+    EXPECT_EQ(int64_t(jobs.size()) + sp.emitted + sp.skipped_total(), generated)
+        << "every decode step is a verify round or a counted skip";
+    std::printf("  %s prompts", speculative_mode_name(mode));
+    for (int l : prompt_lens) std::printf(" %d", l);
+    std::printf(": %lld verify rounds, acceptance %.3f, %.2f tokens/verify, skipped: end %lld boundary %lld budget "
+                "%lld no_match %lld\n",
+                (long long)sp.rounds, sp.acceptance(), sp.tokens_per_round(), (long long)sp.skipped[0],
+                (long long)sp.skipped[1], (long long)sp.skipped[2], (long long)sp.skipped[3]);
   }
 }
 }  // namespace
 
-TEST(Speculative, GreedyIdenticalToPlainDense) { check_greedy_identity(20, 21); }   // crosses dense_len 256
-TEST(Speculative, GreedyIdenticalToPlainSparse) { check_greedy_identity(300, 22); }
+// Dense prompts, decoding across dense_len 256 (two of them), and one admitted late.
+TEST(Speculative, GreedyIdenticalToPlainDense) {
+  check_greedy_identity({20, 150, 7, 90, 230}, {300, 260, 200, 120, 300}, 21);
+}
+// Sparse prompts (>= 256), one of them prefilling across several steps while the others verify.
+TEST(Speculative, GreedyIdenticalToPlainSparse) {
+  check_greedy_identity({300, 260, 420, 270, 257}, {300, 250, 300, 100, 200}, 22);
+}
+
+// Logit rows for only one full verify next to the other sequence's row: drafts go to the first
+// decoding sequence, the other decodes plainly (a counted budget skip); output stays identical.
+TEST(Speculative, GreedyIdenticalUnderATightRowBudget) {
+  CpuBackend backend(2);
+  LoadedModel m = load_model(tiny_checkpoint().string(), backend, {.max_batch_tokens = 512, .max_logit_rows = 6});
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  const int V = m.config.vocab_size;
+  const std::vector<std::vector<int32_t>> prompts = {random_tokens(30, V, 31), random_tokens(70, V, 32)};
+  auto run = [&](SpeculativeOptions spec, SchedulerStats* st) {
+    Engine e(*m.model, {.max_sequences = 2, .max_context = 512});
+    Scheduler sch(e, {.prefill_chunk = 32, .max_batch_tokens = 512, .speculative = spec});
+    std::vector<Generated> out(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) sch.submit(make_request(prompts[i], greedy, 120, out[i]));
+    sch.run();
+    if (st) *st = sch.stats();
+    return out;
+  };
+  const auto plain = run({}, nullptr);
+  SchedulerStats st;
+  const auto spec = run({.mode = SpeculativeMode::Self, .draft_layers = 2, .draft_tokens = 4}, &st);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(spec[i].tokens, plain[i].tokens) << "request " << i;
+  EXPECT_GT(st.speculative.rounds, 0);
+  EXPECT_GT(st.speculative.skipped[size_t(DraftSkip::Budget)], 0);
+}
 
 TEST(Speculative, DraftLayersEqualToModelAcceptsEverything) {
   Fixture f;
-  const auto prompt = random_tokens(30, f.vocab(), 5);
   SamplingParams p;
   p.temperature = 0;
-  SpeculativeStats st;
-  spec_generate(f, prompt, p, 60, {.mode = SpeculativeMode::Self, .draft_layers = 99, .draft_tokens = 4}, &st);
-  EXPECT_EQ(st.accepted, st.drafted);
+  SchedulerStats st;
+  run_jobs(f, {{random_tokens(30, f.vocab(), 5), p, 60}, {random_tokens(45, f.vocab(), 6), p, 50}}, 2,
+           {.mode = SpeculativeMode::Self, .draft_layers = 99, .draft_tokens = 4}, &st);
+  EXPECT_GT(st.speculative.drafted, 0);
+  EXPECT_EQ(st.speculative.accepted, st.speculative.drafted);
+}
+
+// A stop from on_token in the middle of a verify round ends the request at exactly that token.
+TEST(Speculative, StopInsideAVerifyRound) {
+  Fixture f;
+  SamplingParams p;
+  p.temperature = 0;
+  const auto prompt = random_tokens(40, f.vocab(), 12);
+  auto run = [&](SpeculativeOptions spec) {
+    Engine e(*f.m.model, {.max_sequences = 2, .max_context = 512});
+    Scheduler sch(e, {.speculative = spec});
+    std::vector<Generated> out(2);
+    for (int i = 0; i < 2; ++i) {
+      GenerationRequest req = make_request(prompt, p, 100, out[size_t(i)]);
+      const size_t stop_at = i == 0 ? 37 : 61;
+      req.on_token = [&g = out[size_t(i)], stop_at](const SampledToken& t) {
+        g.tokens.push_back(t.id);
+        return g.tokens.size() < stop_at;
+      };
+      sch.submit(std::move(req));
+    }
+    sch.run();
+    EXPECT_TRUE(sch.idle());
+    return out;
+  };
+  const auto plain = run({});
+  const auto spec = run({.mode = SpeculativeMode::Self, .draft_layers = 99, .draft_tokens = 7});
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(spec[size_t(i)].tokens, plain[size_t(i)].tokens);
+    EXPECT_EQ(spec[size_t(i)].why, FinishReason::Stop);
+  }
+  EXPECT_EQ(plain[0].tokens.size(), 37u);
 }
 
 // Temperature > 0: the joint distribution of the first two generated tokens (the second comes from
-// a verify round with one self-drafted token) against the exact p(t1)·p(t2 | t1).
+// a verify round with one self-drafted token) against the exact p(t1)·p(t2 | t1). The requests run
+// four at a time through a speculating Scheduler, each with its own seed.
 TEST(Speculative, SamplingPreservesTargetDistribution) {
   Fixture f;
   const auto prompt = random_tokens(24, f.vocab(), 8);
@@ -271,20 +403,23 @@ TEST(Speculative, SamplingPreservesTargetDistribution) {
         if (p2[size_t(t2)] > 0) exact[{t1, t2}] = p1[size_t(t1)] * p2[size_t(t2)];
     }
   }
-  Engine e(*f.m.model, {.max_sequences = 1, .max_context = 256});
-  SpeculativeGenerator gen(e, {.mode = SpeculativeMode::Self, .draft_layers = 2, .draft_tokens = 4});
   const int N = 4000;
-  std::map<std::pair<int, int>, double> seen;
+  std::vector<Job> jobs;
   for (int i = 0; i < N; ++i) {
     p.seed = uint64_t(1000 + i);
-    Generated g;
-    gen.run(make_request(prompt, p, 3, g));
+    jobs.push_back({prompt, p, 3});
+  }
+  SchedulerStats st;
+  const auto got = run_jobs(f, jobs, 4, {.mode = SpeculativeMode::Self, .draft_layers = 2, .draft_tokens = 4}, &st);
+  std::map<std::pair<int, int>, double> seen;
+  for (const auto& g : got) {
     ASSERT_GE(g.tokens.size(), 2u);
     seen[{g.tokens[0], g.tokens[1]}] += 1.0 / N;
   }
-  EXPECT_GT(gen.spec_stats().drafted, 0);
-  EXPECT_GT(gen.spec_stats().accepted, 0);
-  EXPECT_LT(gen.spec_stats().accepted, gen.spec_stats().drafted);  // both branches exercised
+  const SpeculativeStats& sp = st.speculative;
+  EXPECT_EQ(sp.rounds, N);  // the second token of every request comes from a verify round
+  EXPECT_GT(sp.accepted, 0);
+  EXPECT_LT(sp.accepted, sp.drafted);  // both branches exercised
   double tv = 0;
   for (auto& [k, q] : exact) tv += std::abs(q - (seen.count(k) ? seen[k] : 0.0));
   for (auto& [k, q] : seen)
@@ -292,7 +427,8 @@ TEST(Speculative, SamplingPreservesTargetDistribution) {
   tv /= 2;
   // 16 cells, 4000 draws: E[TV] <= 0.5 * sqrt(2/(pi N)) * sum sqrt(p) <= 0.026 (fixed seeds: deterministic).
   EXPECT_LT(tv, 0.05) << "total variation";
-  std::printf("  TV(empirical, exact) = %.4f over %d draws, %zu cells\n", tv, N, exact.size());
+  std::printf("  TV(empirical, exact) = %.4f over %d draws, %zu cells, acceptance %.3f\n", tv, N, exact.size(),
+              sp.acceptance());
 }
 
 // The CPU cost table of bench/results/speculative-cpu.md (not run by default):

@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -19,14 +22,29 @@ namespace {
 
 class HostBuffer final : public Buffer {
  public:
-  explicit HostBuffer(size_t bytes) : data_(std::make_unique<float[]>((bytes + 3) / 4)), size_(bytes) {}
+  HostBuffer(size_t bytes, std::shared_ptr<std::atomic<int64_t>> counter)
+      : data_(std::make_unique<float[]>((bytes + 3) / 4)), size_(bytes), counter_(std::move(counter)) {
+    *counter_ += int64_t(size_);
+  }
+  ~HostBuffer() override { *counter_ -= int64_t(size_); }
   void* data() override { return data_.get(); }
   size_t size() const override { return size_; }
 
  private:
   std::unique_ptr<float[]> data_;
   size_t size_;
+  std::shared_ptr<std::atomic<int64_t>> counter_;
 };
+
+// "Key:   123 kB" line of a /proc file, in bytes; -1 when absent.
+int64_t proc_kb_field(const char* path, const char* key) {
+  std::ifstream f(path);
+  std::string line;
+  const size_t n = std::strlen(key);
+  while (std::getline(f, line))
+    if (line.compare(0, n, key) == 0 && line.size() > n && line[n] == ':') return std::stoll(line.substr(n + 1)) * 1024;
+  return -1;
+}
 
 float* f32(const Mat& m) {
   SALA_CHECK(m.dtype == DType::F32, "cpu backend: expected an f32 matrix, got {}", dtype_name(m.dtype));
@@ -47,7 +65,36 @@ CpuBackend::CpuBackend(int threads) : pool_(threads) {
 #endif
 }
 
-std::unique_ptr<Buffer> CpuBackend::alloc(size_t bytes) { return std::make_unique<HostBuffer>(bytes); }
+std::unique_ptr<Buffer> CpuBackend::alloc(size_t bytes) { return std::make_unique<HostBuffer>(bytes, buffer_bytes_); }
+
+void CpuBackend::reset_memory_peak() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.close();
+  if (!f.good())  // said, not hidden: the peak then also covers what came before
+    std::fprintf(stderr, "warning: cannot reset the peak RSS (/proc/self/clear_refs); peaks include earlier use\n");
+}
+
+std::string CpuBackend::device_name() const {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line, model = "unknown CPU";
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  return model + " (" + std::to_string(pool_.size()) + " threads)";
+}
+
+Backend::MemoryStats CpuBackend::memory_stats() {
+  MemoryStats m;
+  m.used = proc_kb_field("/proc/self/status", "VmRSS");
+  m.peak = proc_kb_field("/proc/self/status", "VmHWM");
+  m.total = proc_kb_field("/proc/meminfo", "MemTotal");
+  const size_t cache_floats = k_.capacity() + v_.capacity() + k1_.capacity() + k2_.capacity() + states_.capacity();
+  m.allocated = buffer_bytes_->load() + int64_t(cache_floats * sizeof(float));
+  return m;
+}
 
 void CpuBackend::upload(Mat dst, const float* host) {
   convert_from_f32(host, dst.dtype, dst.data, size_t(dst.rows * dst.cols));
@@ -94,12 +141,13 @@ void CpuBackend::create_caches(const CacheSpec& spec) {
   k2_per_page_ = std::max(1, bs / (4 * st));
   const size_t row = size_t(spec.kv_heads) * spec.head_dim;
   const size_t pages = size_t(spec.sparse_layers) * spec.max_pages;
-  k_.assign(pages * bs * row, 0.f);
-  v_.assign(pages * bs * row, 0.f);
-  k1_.assign(pages * k1_per_page_ * row, 0.f);
-  k2_.assign(pages * k2_per_page_ * row, 0.f);
+  // New vectors, not assign(): a smaller pool must give the old one's memory back.
+  k_ = std::vector<float>(pages * bs * row, 0.f);
+  v_ = std::vector<float>(pages * bs * row, 0.f);
+  k1_ = std::vector<float>(pages * k1_per_page_ * row, 0.f);
+  k2_ = std::vector<float>(pages * k2_per_page_ * row, 0.f);
   const size_t state = size_t(spec.lightning_heads) * spec.lightning_dim * spec.lightning_dim;
-  states_.assign(size_t(spec.max_slots) * spec.lightning_layers * state, 0.f);
+  states_ = std::vector<float>(size_t(spec.max_slots) * spec.lightning_layers * state, 0.f);
 }
 
 float* CpuBackend::state(int slot, int layer) {
@@ -172,6 +220,8 @@ void CpuBackend::begin_batch(const BatchInfo& batch) {
 
 void CpuBackend::embed(const Weight& table, float scale, Mat out) {
   SALA_CHECK(batch_ && int64_t(batch_->tokens.size()) == out.rows, "cpu embed: batch has no {} tokens", out.rows);
+  SALA_CHECK(!table.packed(), "cpu embed: the table is packed ({}); embeddings are loaded dense",
+             weight_format_name(table.format));
   const float* t = f32(table.w);
   float* o = f32(out);
   for (int64_t r = 0; r < out.rows; ++r) {
@@ -186,6 +236,7 @@ void CpuBackend::matmul(const Mat& x, const Weight& w, Mat y) {
   SALA_CHECK(x.cols == w.in() && y.cols == w.out() && x.rows == y.rows,
              "cpu matmul: x [{}, {}] · Wᵀ [{}, {}] -> y [{}, {}]", x.rows, x.cols, w.out(), w.in(), y.rows, y.cols);
   if (x.rows == 0) return;
+  if (w.packed()) return matmul_packed(x, w, y);
 #ifdef SALA_HAS_OPENBLAS
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(x.rows), int(w.out()), int(w.in()), 1.0f, f32(x),
               int(x.cols), f32(w.w), int(w.in()), 0.0f, f32(y), int(y.cols));

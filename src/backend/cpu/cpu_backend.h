@@ -1,6 +1,7 @@
 // The CPU backend: f32 everywhere, OpenBLAS for the large products, a thread pool for the rest.
 // It is the readable reference implementation of every op in backend.h.
 #pragma once
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -13,6 +14,7 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads = 0);
   std::string name() const override { return "cpu"; }
+  std::string device_name() const override;  // CPU model (/proc/cpuinfo) and threads
   DType act_dtype() const override { return DType::F32; }
 
   std::unique_ptr<Buffer> alloc(size_t bytes) override;
@@ -21,6 +23,10 @@ class CpuBackend final : public Backend {
   Weight load_weight(const TensorView& host) override;
   Weight load_vector(const TensorView& host) override;
   Weight random_weight(int64_t rows, int64_t cols, float mean, float std, uint64_t seed) override;
+  Weight load_quantized_weight(const QuantMatrixView& q, const std::string& name) override;  // cpu_quant_matmul.cpp
+
+  MemoryStats memory_stats() override;  // RSS from /proc; allocated: buffers + cache pools
+  void reset_memory_peak() override;     // /proc/self/clear_refs "5" resets the process's VmHWM
 
   void create_caches(const CacheSpec& spec) override;
   void reset_state(int slot) override;
@@ -55,7 +61,12 @@ class CpuBackend final : public Backend {
   ThreadPool& pool() { return pool_; }
 
  private:
+  // y = x · Wᵀ for a packed W, decoding rows on the fly (cpu_quant_matmul.cpp).
+  void matmul_packed(const Mat& x, const Weight& w, Mat y);
+
   ThreadPool pool_;
+  // Bytes of live buffers from alloc() (shared with them: a buffer may outlive the backend).
+  std::shared_ptr<std::atomic<int64_t>> buffer_bytes_ = std::make_shared<std::atomic<int64_t>>(0);
   CacheSpec spec_;
   const BatchInfo* batch_ = nullptr;
   int k1_per_page_ = 0, k2_per_page_ = 0;

@@ -734,6 +734,8 @@ void CudaBackend::graph_capture_end(uint64_t key) {
 void CudaBackend::embed(const Weight& table, float scale, Mat out) {
   SALA_CHECK(batch_ready_ && n_tokens_ == out.rows, "cuda embed: batch has no {} tokens", out.rows);
   SALA_CHECK(table.w.cols == out.cols, "cuda embed: table width {} vs output {}", table.w.cols, out.cols);
+  SALA_CHECK(!table.packed(), "cuda embed: the table is packed ({}); embeddings are loaded dense",
+             weight_format_name(table.format));
   for (int32_t id : tokens_host_)
     SALA_CHECK(id >= 0 && id < table.w.rows, "token id {} out of range [0, {})", id, table.w.rows);
   cuda::launch_embed(table.w.data, dt_of(table.w.dtype, "embed"), out.cols, d_tokens_, out.rows, scale, out.data,
@@ -743,14 +745,38 @@ void CudaBackend::embed(const Weight& table, float scale, Mat out) {
 void CudaBackend::matmul(const Mat& x, const Weight& w, Mat y) {
   SALA_CHECK(x.cols == w.in() && y.cols == w.out() && x.rows == y.rows,
              "cuda matmul: x [{}, {}] · Wᵀ [{}, {}] -> y [{}, {}]", x.rows, x.cols, w.out(), w.in(), y.rows, y.cols);
-  SALA_CHECK(w.w.dtype == DType::BF16, "cuda matmul: weight must be bf16, got {}", dtype_name(w.w.dtype));
   if (x.rows == 0) return;
+  if (w.packed()) return matmul_packed(x, w, y);  // cuda_quant.cpp
+  SALA_CHECK(w.w.dtype == DType::BF16, "cuda matmul: weight must be bf16, got {}", dtype_name(w.w.dtype));
   if (use_gemv_ && x.rows <= 8) {
     cuda::launch_gemv(x.data, dt_of(x.dtype, "matmul"), x.cols, w.w.data, w.out(), w.in(), y.data,
                       dt_of(y.dtype, "matmul"), y.cols, int(x.rows), gemv_mode_, pdl_ && props_.major >= 9, stream_);
     return;
   }
   gemm_cublas(x, w, y);
+}
+
+// Decode: one grouped GEMV launch for all parts (see kernels.h). Anything the grouped kernel does
+// not cover (more rows, other weight formats, mixed output dtypes) runs part by part.
+void CudaBackend::matmul_group(const Mat& x, std::span<const MatmulPart> parts) {
+  bool grouped = use_gemv_ && x.rows >= 1 && x.rows <= 8 && !parts.empty() && parts.size() <= size_t(cuda::kGemvMaxParts);
+  for (const MatmulPart& p : parts) {
+    SALA_CHECK(x.cols == p.w->in() && p.y.cols == p.w->out() && x.rows == p.y.rows,
+               "cuda matmul_group: x [{}, {}] · Wᵀ [{}, {}] -> y [{}, {}]", x.rows, x.cols, p.w->out(), p.w->in(),
+               p.y.rows, p.y.cols);
+    grouped = grouped && !p.w->packed() && p.w->w.dtype == DType::BF16 && p.y.dtype == parts[0].y.dtype;
+  }
+  if (!grouped) {
+    for (const MatmulPart& p : parts) matmul(x, *p.w, p.y);
+    return;
+  }
+  cuda::GemvSet set{};
+  set.count = int(parts.size());
+  for (size_t i = 0; i < parts.size(); ++i)
+    set.part[i] = {parts[i].w->w.data, parts[i].y.data, parts[i].w->out(), parts[i].y.cols};
+  cuda::launch_gemv_set(x.data, dt_of(x.dtype, "matmul_group"), x.cols, set, x.cols,
+                        dt_of(parts[0].y.dtype, "matmul_group"), int(x.rows), gemv_mode_, pdl_ && props_.major >= 9,
+                        stream_);
 }
 
 void CudaBackend::gemm_cublas(const Mat& x, const Weight& w, Mat y) {
@@ -821,6 +847,47 @@ void CudaBackend::add_scaled(Mat h, const Mat& a, float alpha) {
                            dt_of(a.dtype, "add_scaled"), h.data, dt_of(h.dtype, "add_scaled"), alpha, stream_);
 }
 
+void CudaBackend::add_rmsnorm(Mat h, const Mat& a, float alpha, const Weight& w, float eps, Mat y) {
+  same_shape(h, a, "add_rmsnorm");
+  same_shape(h, y, "add_rmsnorm");
+  SALA_CHECK(w.w.cols == h.cols && w.w.rows == 1, "cuda add_rmsnorm: weight [{}, {}] for row width {}", w.w.rows,
+             w.w.cols, h.cols);
+  const bool same_dt = h.dtype == a.dtype && h.dtype == y.dtype && h.dtype == w.w.dtype;
+  if (same_dt && cuda::launch_add_rmsnorm(h.data, a.data, alpha, w.w.data, y.data, dt_of(h.dtype, "add_rmsnorm"), h.rows,
+                                          h.cols, eps, stream_))
+    return;
+  add_scaled(h, a, alpha);  // shapes the fused kernel does not cover: the two ops it replaces
+  rmsnorm(h, w, eps, y);
+}
+
+void CudaBackend::qk_norm_rope(Mat q, Mat k, const Weight& q_norm, const Weight& k_norm, float eps, int head_dim,
+                               bool rope, double theta) {
+  SALA_CHECK(head_dim > 0 && q.cols % head_dim == 0 && k.cols % head_dim == 0 && q.rows == k.rows,
+             "cuda qk_norm_rope: q [{}, {}], k [{}, {}] with head_dim {}", q.rows, q.cols, k.rows, k.cols, head_dim);
+  SALA_CHECK(q_norm.w.cols == head_dim && k_norm.w.cols == head_dim, "cuda qk_norm_rope: norm widths {}/{} vs head_dim {}",
+             q_norm.w.cols, k_norm.w.cols, head_dim);
+  if (rope) SALA_CHECK(batch_ready_ && n_tokens_ == q.rows, "cuda qk_norm_rope: batch has no {} positions", q.rows);
+  const bool bf16_all = q.dtype == DType::BF16 && k.dtype == DType::BF16 && q_norm.w.dtype == DType::BF16 &&
+                        k_norm.w.dtype == DType::BF16;
+  if (bf16_all && cuda::launch_qk_norm_rope(q.data, q.rows * (q.cols / head_dim), q_norm.w.data, k.data,
+                                            k.rows * (k.cols / head_dim), k_norm.w.data, int(q.cols / head_dim),
+                                            int(k.cols / head_dim), head_dim, eps, rope ? d_positions_ : nullptr,
+                                            rope ? inv_freq(theta, head_dim) : nullptr, stream_))
+    return;
+  Backend::qk_norm_rope(q, k, q_norm, k_norm, eps, head_dim, rope, theta);  // shapes the fused kernel does not cover
+}
+
+void CudaBackend::rmsnorm_gate(const Mat& x, const Weight& w, float eps, const Mat& z, Mat y) {
+  same_shape(x, z, "rmsnorm_gate");
+  same_shape(x, y, "rmsnorm_gate");
+  SALA_CHECK(w.w.cols == x.cols && w.w.rows == 1, "cuda rmsnorm_gate: weight [{}, {}] for row width {}", w.w.rows,
+             w.w.cols, x.cols);
+  const bool bf16_all = x.dtype == DType::BF16 && z.dtype == DType::BF16 && y.dtype == DType::BF16 &&
+                        w.w.dtype == DType::BF16;
+  if (bf16_all && cuda::launch_rmsnorm_gate(x.data, w.w.data, z.data, y.data, x.rows, x.cols, eps, stream_)) return;
+  Backend::rmsnorm_gate(x, w, eps, z, y);
+}
+
 void CudaBackend::scale(const Mat& x, float s, Mat out) {
   same_shape(x, out, "scale");
   cuda::launch_elementwise(cuda::kScale, x.rows * x.cols, x.data, dt_of(x.dtype, "scale"), nullptr, cuda::kF32,
@@ -880,6 +947,41 @@ void CudaBackend::lightning_attention(int layer, const Mat& q, const Mat& k, con
   cuda::launch_gla_chunked(a, stream_);
 }
 
+// Exact rollback (spec §6.2, rollback.cu): runs outside any forward (never inside a graph capture),
+// on the stream, so it orders with the verify forward before it and the next forward after it.
+void CudaBackend::lightning_rollback(int layer, int slot, int snapshot_slot, const Mat& k, const Mat& v,
+                                     int64_t keep) {
+  SALA_CHECK(states_ && layer >= 0 && layer < spec_.lightning_layers,
+             "cuda lightning_rollback: layer {} out of range [0, {})", layer, spec_.lightning_layers);
+  SALA_CHECK(slot >= 0 && slot < spec_.max_slots && snapshot_slot >= 0 && snapshot_slot < spec_.max_slots,
+             "cuda lightning_rollback: slots {} <- {} out of range [0, {})", slot, snapshot_slot, spec_.max_slots);
+  SALA_CHECK(keep >= 0 && keep < (int64_t(1) << 31), "cuda lightning_rollback: keep {} out of range", keep);
+  SALA_CHECK(!capturing_, "cuda lightning_rollback: called during a CUDA graph capture");
+  const int d = spec_.lightning_dim, H = spec_.lightning_heads;
+  float* S = states_ + (size_t(slot) * spec_.lightning_layers + layer) * state_floats_;
+  const float* S0 = states_ + (size_t(snapshot_slot) * spec_.lightning_layers + layer) * state_floats_;
+  if (keep == 0) {
+    if (S != S0) SALA_CUDA_CHECK(cudaMemcpyAsync(S, S0, state_floats_ * 4, cudaMemcpyDeviceToDevice, stream_));
+    return;
+  }
+  SALA_CHECK(k.rows >= keep && v.rows >= keep && k.cols == v.cols && k.cols % d == 0 && k.cols > 0,
+             "cuda lightning_rollback: k/v [{}, {}] / [{}, {}] for keep {} and head dim {}", k.rows, k.cols, v.rows,
+             v.cols, keep, d);
+  SALA_CHECK(k.dtype == v.dtype, "cuda lightning_rollback: k is {} but v is {}", dtype_name(k.dtype),
+             dtype_name(v.dtype));
+  const int Hkv = int(k.cols / d);
+  SALA_CHECK(H % Hkv == 0, "cuda lightning_rollback: {} heads not a multiple of {} kv heads", H, Hkv);
+  cuda::RollbackArgs a{};
+  a.k = k.data, a.v = v.data;
+  a.dt = dt_of(k.dtype, "lightning_rollback");
+  a.ldk = k.cols, a.ldv = v.cols;
+  a.states = states_;
+  a.log_decay = log_decay_;
+  a.slot = slot, a.snapshot_slot = snapshot_slot, a.layer = layer, a.layers = spec_.lightning_layers;
+  a.heads = H, a.kv_heads = Hkv, a.d = d, a.keep = int32_t(keep);
+  cuda::launch_lightning_rollback(a, stream_);
+}
+
 void CudaBackend::sparse_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) {
   SALA_CHECK(batch_ready_, "cuda sparse_attention: begin_batch was not called");
   SALA_CHECK(rows_covered_, "cuda sparse_attention: some batch row belongs to no sequence");
@@ -924,6 +1026,19 @@ void CudaBackend::sparse_attention(int layer, const Mat& q, const Mat& k, const 
   a.max_blocks = max_blocks_;
   cuda::launch_select(a, stream_);
   cuda::launch_attention(a, stream_);
+}
+
+// ---- memory ----
+
+Backend::MemoryStats CudaBackend::memory_stats() {
+  size_t free = 0, total = 0;
+  SALA_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  MemoryStats m;
+  m.used = int64_t(total - free);
+  m.total = int64_t(total);
+  mem_peak_ = std::max(mem_peak_, m.used);
+  m.peak = mem_peak_;
+  return m;
 }
 
 // ---- factory ----

@@ -69,6 +69,11 @@ class CudaBackend final : public Backend {
   Weight load_weight(const TensorView& host) override;
   Weight load_vector(const TensorView& host) override;
   Weight random_weight(int64_t rows, int64_t cols, float mean, float std, uint64_t seed) override;
+  // Packed weights (cuda_quant.cpp): tiles for the decode GEMV (quant_gemv.cu), dequantized to a
+  // bf16 scratch for cuBLAS in prefill.
+  Weight load_quantized_weight(const QuantMatrixView& q, const std::string& name) override;
+  Weight random_quantized_weight(WeightFormat format, int64_t rows, int64_t cols, int64_t group, float std,
+                                 uint64_t seed) override;
   void synchronize() override;
 
   void create_caches(const CacheSpec& spec) override;
@@ -83,9 +88,15 @@ class CudaBackend final : public Backend {
   void silu_mul(const Mat& g, const Mat& u, Mat out) override;
   void sigmoid_mul(const Mat& a, const Mat& z, Mat out) override;
   void add_scaled(Mat h, const Mat& a, float alpha) override;
+  void matmul_group(const Mat& x, std::span<const MatmulPart> parts) override;
+  void add_rmsnorm(Mat h, const Mat& a, float alpha, const Weight& w, float eps, Mat y) override;
+  void qk_norm_rope(Mat q, Mat k, const Weight& q_norm, const Weight& k_norm, float eps, int head_dim, bool rope,
+                    double theta) override;
+  void rmsnorm_gate(const Mat& x, const Weight& w, float eps, const Mat& z, Mat y) override;
   void scale(const Mat& x, float s, Mat out) override;
   void gather_rows(const Mat& x, std::span<const int64_t> rows, Mat out) override;
   void lightning_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) override;
+  void lightning_rollback(int layer, int slot, int snapshot_slot, const Mat& k, const Mat& v, int64_t keep) override;
   void sparse_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) override;
 
   // CUDA graphs of decode forwards (docs/cuda-backend.md). A recording is keyed by the model's key
@@ -96,6 +107,9 @@ class CudaBackend final : public Backend {
   void graph_capture_begin(uint64_t key) override;
   void graph_capture_end(uint64_t key) override;
   GraphStats graph_stats() override;
+  // Device-wide use from cudaMemGetInfo; peak is the highest use seen by these calls.
+  MemoryStats memory_stats() override;
+  void reset_memory_peak() override { mem_peak_ = 0; }
   void set_graphs(bool on);
   bool graphs() const { return graphs_; }
   size_t graph_count() const;  // instantiated graphs held
@@ -127,6 +141,8 @@ class CudaBackend final : public Backend {
 
  private:
   void gemm_cublas(const Mat& x, const Weight& w, Mat y);
+  void matmul_packed(const Mat& x, const Weight& w, Mat y);  // cuda_quant.cpp
+  Weight alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group);
   const float* inv_freq(double theta, int head_dim);
   void clear_graphs();
   void abort_capture();
@@ -183,6 +199,7 @@ class CudaBackend final : public Backend {
 
   // Scratch.
   DeviceArena x_bf16_;     // x converted for cuBLAS
+  DeviceArena qscratch_;   // packed weights: row blocks dequantized to bf16 for cuBLAS (fixed size)
   DeviceArena sel_;        // selection lists
   DeviceArena scores_;     // stage-1 chunk scores
   DeviceArena keys_;       // pooled block keys
@@ -206,6 +223,7 @@ class CudaBackend final : public Backend {
   bool timing_ = false;       // a forward between the two events is pending
   cudaEvent_t ev_start_ = nullptr, ev_end_ = nullptr;
   GraphStats gstats_;
+  int64_t mem_peak_ = 0;  // memory_stats()
 };
 
 std::unique_ptr<Backend> make_cuda_backend(int device);

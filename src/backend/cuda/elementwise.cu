@@ -148,6 +148,59 @@ __global__ void __launch_bounds__(256) rmsnorm_bf16_wide(const bf16* x, const bf
   }
 }
 
+// Residual update fused with the next RMSNorm (decode: one launch instead of two):
+// h = h + bf16(alpha·a) stored as bf16, then y = bf16(h·inv)·w — the same rounding points and
+// summation order as add_scaled followed by rmsnorm_bf16_wide, so results are bit-identical.
+template <int PPT>
+__global__ void __launch_bounds__(256) add_rmsnorm_bf16_wide(bf16* h, const bf16* a, float alpha, const bf16* w, bf16* y,
+                                                             int cols, float eps) {
+  __shared__ float red[8];
+  const int64_t row = blockIdx.x;
+  uint4* hr = reinterpret_cast<uint4*>(h + row * cols);
+  const uint4* ar = reinterpret_cast<const uint4*>(a + row * cols);
+  const uint4* wr = reinterpret_cast<const uint4*>(w);
+  uint4* yr = reinterpret_cast<uint4*>(y + row * cols);
+  const int n8 = cols / 8, tid = threadIdx.x;
+  uint4 v[PPT], av[PPT];
+#pragma unroll
+  for (int i = 0; i < PPT; ++i) {
+    const int p = tid + 256 * i;
+    v[i] = p < n8 ? hr[p] : make_uint4(0, 0, 0, 0);
+    av[i] = p < n8 ? ar[p] : make_uint4(0, 0, 0, 0);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < PPT; ++i) {
+    float f[8], g[8];
+    unpack8(v[i], f);
+    unpack8(av[i], g);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = rbf(f[j] + rbf(alpha * g[j]));
+    v[i] = pack8(f);
+    if (tid + 256 * i < n8) hr[tid + 256 * i] = v[i];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+  }
+  ss = warp_sum(ss);
+  if (tid % 32 == 0) red[tid / 32] = ss;
+  __syncthreads();
+  float tot = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) tot += red[i];
+  const float inv = 1.0f / sqrtf(tot / float(cols) + eps);
+#pragma unroll
+  for (int i = 0; i < PPT; ++i) {
+    const int p = tid + 256 * i;
+    if (p >= n8) continue;
+    float f[8], g[8];
+    unpack8(v[i], f);
+    unpack8(wr[p], g);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = rbf(f[j] * inv) * g[j];
+    yr[p] = pack8(f);
+  }
+}
+
 __global__ void rmsnorm_generic(const void* x, int dtx, const void* w, int dtw, void* y, int dty, int64_t rows,
                                 int cols, float eps) {
   const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
@@ -184,6 +237,111 @@ __global__ void rope_kernel(void* x, int dt, int64_t rows, int64_t cols, int hea
     const float a = ldf(x, dt, base + i), b = ldf(x, dt, base + i + half);
     stf(x, dt, base + i, a * cs - b * sn);
     stf(x, dt, base + i + half, b * cs + a * sn);
+  }
+}
+
+// ---- fused per-head q/k RMSNorm + RoPE (lightning layers at decode: 1 launch instead of 4) ----
+// A half-warp owns one (token, head) row of head_dim ≤ 128 bf16 values, 8 per lane, exactly as
+// rmsnorm_bf16 lays them out (same summation order: the reduction over lanes 0..15 matches
+// warp_sum with idle upper lanes), the normalised row is rounded to bf16 like the stored rmsnorm
+// output, and the rotate-half partner of lane l is lane l ± head_dim/16, read by shuffle — so the
+// result is bit-identical to rmsnorm followed by rope_kernel.
+__global__ void __launch_bounds__(256) qk_norm_rope_bf16(bf16* q, int64_t q_rows, const bf16* qw, bf16* k,
+                                                         int64_t k_rows, const bf16* kw, int q_heads, int k_heads,
+                                                         int head_dim, float eps, const int32_t* positions,
+                                                         const float* inv_freq) {
+  const int64_t hr = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 16;  // global head row
+  const int lane = threadIdx.x % 16;
+  const unsigned mask = 0xffffu << (threadIdx.x % 32 / 16 * 16);
+  const bool is_q = hr < q_rows;
+  if (!is_q && hr >= q_rows + k_rows) return;  // whole half-warps exit together
+  const int64_t row = is_q ? hr : hr - q_rows;
+  bf16* x = (is_q ? q : k) + row * head_dim;
+  const bf16* w = is_q ? qw : kw;
+  const int64_t token = row / (is_q ? q_heads : k_heads);
+  const int n8 = head_dim / 8;
+  const bool has = lane < n8;
+  float f[8];
+  float ss = 0.f;
+  if (has) {
+    unpack8(reinterpret_cast<const uint4*>(x)[lane], f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+  }
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) ss += __shfl_xor_sync(mask, ss, o, 16);
+  const float inv = 1.0f / sqrtf(ss / float(head_dim) + eps);
+  if (has) {
+    float g[8];
+    unpack8(reinterpret_cast<const uint4*>(w)[lane], g);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = rbf(rbf(f[j] * inv) * g[j]);
+  }
+  if (positions) {
+    const int hl = n8 / 2;  // lanes per half of the head
+    const int partner = lane < hl ? lane + hl : lane - hl;
+    float pf[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) pf[j] = __shfl_sync(mask, f[j], partner, 16);
+    if (has) {
+      const float pos = float(positions[token]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int i = (lane < hl ? lane : lane - hl) * 8 + j;  // index within the half
+        float sn, cs;
+        sincosf(pos * inv_freq[i], &sn, &cs);
+        f[j] = lane < hl ? f[j] * cs - pf[j] * sn : f[j] * cs + pf[j] * sn;
+      }
+    }
+  }
+  if (has) reinterpret_cast<uint4*>(x)[lane] = pack8(f);
+}
+
+// ---- fused output RMSNorm + sigmoid gate: y = bf16(bf16(rmsnorm(x)·w) · bf16(sigmoid(z))) ----
+// Same rounding points and order as rmsnorm_bf16_wide followed by the sigmoid_mul kernel.
+template <int PPT>
+__global__ void __launch_bounds__(256) rmsnorm_gate_bf16_wide(const bf16* x, const bf16* w, const bf16* z, bf16* y,
+                                                              int cols, float eps) {
+  __shared__ float red[8];
+  const int64_t row = blockIdx.x;
+  const uint4* xr = reinterpret_cast<const uint4*>(x + row * cols);
+  const uint4* zr = reinterpret_cast<const uint4*>(z + row * cols);
+  const uint4* wr = reinterpret_cast<const uint4*>(w);
+  uint4* yr = reinterpret_cast<uint4*>(y + row * cols);
+  const int n8 = cols / 8, tid = threadIdx.x;
+  uint4 v[PPT], zv[PPT];
+#pragma unroll
+  for (int i = 0; i < PPT; ++i) {
+    const int p = tid + 256 * i;
+    v[i] = p < n8 ? xr[p] : make_uint4(0, 0, 0, 0);
+    zv[i] = p < n8 ? zr[p] : make_uint4(0, 0, 0, 0);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < PPT; ++i) {
+    float f[8];
+    unpack8(v[i], f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+  }
+  ss = warp_sum(ss);
+  if (tid % 32 == 0) red[tid / 32] = ss;
+  __syncthreads();
+  float tot = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) tot += red[i];
+  const float inv = 1.0f / sqrtf(tot / float(cols) + eps);
+#pragma unroll
+  for (int i = 0; i < PPT; ++i) {
+    const int p = tid + 256 * i;
+    if (p >= n8) continue;
+    float f[8], g[8], zz[8];
+    unpack8(v[i], f);
+    unpack8(wr[p], g);
+    unpack8(zv[i], zz);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = rbf(rbf(f[j] * inv) * g[j]) * rbf(1.0f / (1.0f + expf(-zz[j])));
+    yr[p] = pack8(f);
   }
 }
 
@@ -277,6 +435,59 @@ void launch_rmsnorm(const void* x, Dt dtx, const void* w, Dt dtw, void* y, Dt dt
   else
     rmsnorm_generic<<<blocks, 256, 0, st>>>(x, dtx, w, dtw, y, dty, rows, int(cols), eps);
   SALA_CUDA_LAUNCH("rmsnorm kernel");
+}
+
+bool launch_add_rmsnorm(void* h, const void* a, float alpha, const void* w, void* y, Dt dt, int64_t rows, int64_t cols,
+                        float eps, cudaStream_t st) {
+  const bool ok = dt == kBF16 && cols % 8 == 0 && cols >= 1024 && cols <= 8 * 256 * 8 && aligned16(h) &&
+                  aligned16(a) && aligned16(w) && aligned16(y);
+  if (!ok || rows <= 0) return false;
+  const int ppt = int((cols / 8 + 255) / 256);
+  auto hb = static_cast<bf16*>(h);
+  auto ab = static_cast<const bf16*>(a);
+  auto wb = static_cast<const bf16*>(w);
+  auto yb = static_cast<bf16*>(y);
+  const unsigned r = unsigned(rows);
+  if (ppt <= 1) add_rmsnorm_bf16_wide<1><<<r, 256, 0, st>>>(hb, ab, alpha, wb, yb, int(cols), eps);
+  else if (ppt <= 2) add_rmsnorm_bf16_wide<2><<<r, 256, 0, st>>>(hb, ab, alpha, wb, yb, int(cols), eps);
+  else if (ppt <= 4) add_rmsnorm_bf16_wide<4><<<r, 256, 0, st>>>(hb, ab, alpha, wb, yb, int(cols), eps);
+  else add_rmsnorm_bf16_wide<8><<<r, 256, 0, st>>>(hb, ab, alpha, wb, yb, int(cols), eps);
+  SALA_CUDA_LAUNCH("add_rmsnorm kernel");
+  return true;
+}
+
+bool launch_qk_norm_rope(void* q, int64_t q_rows, const void* qw, void* k, int64_t k_rows, const void* kw, int q_heads,
+                         int k_heads, int head_dim, float eps, const int32_t* positions, const float* inv_freq,
+                         cudaStream_t st) {
+  const bool ok = head_dim % 16 == 0 && head_dim <= 128 && aligned16(q) && aligned16(k) && aligned16(qw) &&
+                  aligned16(kw);
+  if (!ok) return false;
+  const int64_t threads = (q_rows + k_rows) * 16;
+  if (threads == 0) return true;
+  qk_norm_rope_bf16<<<unsigned((threads + 255) / 256), 256, 0, st>>>(
+      static_cast<bf16*>(q), q_rows, static_cast<const bf16*>(qw), static_cast<bf16*>(k), k_rows,
+      static_cast<const bf16*>(kw), q_heads, k_heads, head_dim, eps, positions, inv_freq);
+  SALA_CUDA_LAUNCH("qk_norm_rope kernel");
+  return true;
+}
+
+bool launch_rmsnorm_gate(const void* x, const void* w, const void* z, void* y, int64_t rows, int64_t cols, float eps,
+                         cudaStream_t st) {
+  const bool ok = cols % 8 == 0 && cols >= 1024 && cols <= 8 * 256 * 8 && aligned16(x) && aligned16(w) &&
+                  aligned16(z) && aligned16(y);
+  if (!ok || rows <= 0) return false;
+  const int ppt = int((cols / 8 + 255) / 256);
+  auto xb = static_cast<const bf16*>(x);
+  auto wb = static_cast<const bf16*>(w);
+  auto zb = static_cast<const bf16*>(z);
+  auto yb = static_cast<bf16*>(y);
+  const unsigned r = unsigned(rows);
+  if (ppt <= 1) rmsnorm_gate_bf16_wide<1><<<r, 256, 0, st>>>(xb, wb, zb, yb, int(cols), eps);
+  else if (ppt <= 2) rmsnorm_gate_bf16_wide<2><<<r, 256, 0, st>>>(xb, wb, zb, yb, int(cols), eps);
+  else if (ppt <= 4) rmsnorm_gate_bf16_wide<4><<<r, 256, 0, st>>>(xb, wb, zb, yb, int(cols), eps);
+  else rmsnorm_gate_bf16_wide<8><<<r, 256, 0, st>>>(xb, wb, zb, yb, int(cols), eps);
+  SALA_CUDA_LAUNCH("rmsnorm_gate kernel");
+  return true;
 }
 
 void launch_rope(void* x, Dt dt, int64_t rows, int64_t cols, int head_dim, const int32_t* positions,

@@ -29,6 +29,13 @@ namespace {
 constexpr int kRows = 4;   // output rows per CTA
 constexpr int kWarps = 4;  // warps per CTA splitting `in`
 
+// Which part of a grouped launch CTA `b` works on (parts are laid out one after another).
+__device__ __forceinline__ int find_part(const GemvSet& s, unsigned b) {
+  int p = 0;
+  while (p + 1 < s.count && b >= s.first[p + 1]) ++p;
+  return p;
+}
+
 template <typename XT>
 __device__ __forceinline__ void load_x8(const XT* p, float f[8]);
 template <>
@@ -49,11 +56,14 @@ template <>
 __device__ __forceinline__ void store_y<float>(float* p, float v) { *p = v; }
 
 template <int N, typename XT, typename YT>
-__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const XT* __restrict__ x, int64_t ldx,
-                                                           const bf16* __restrict__ w, int64_t out, int64_t in,
-                                                           YT* __restrict__ y, int64_t ldy) {
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const XT* __restrict__ x, int64_t ldx, GemvSet set,
+                                                           int64_t in) {
   const int tid = threadIdx.x;
-  const int64_t o0 = int64_t(blockIdx.x) * kRows;
+  const int part = find_part(set, blockIdx.x);
+  const bf16* __restrict__ w = static_cast<const bf16*>(set.part[part].w);
+  const int64_t out = set.part[part].out, ldy = set.part[part].ldy;
+  YT* __restrict__ y = static_cast<YT*>(set.part[part].y);
+  const int64_t o0 = int64_t(blockIdx.x - set.first[part]) * kRows;
   const bf16* wr[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) wr[r] = w + (o0 + r < out ? o0 + r : out - 1) * in;
@@ -133,12 +143,15 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const XT* __restrict_
 constexpr int kMmaU = 8;  // k blocks of 32 in flight per lane and iteration
 
 template <typename YT, int W>
-__global__ void __launch_bounds__(W * 32) gemv_mma_kernel(const bf16* __restrict__ x, int64_t ldx,
-                                                       const bf16* __restrict__ w, int64_t out, int64_t in,
-                                                       YT* __restrict__ y, int64_t ldy, int N) {
+__global__ void __launch_bounds__(W * 32) gemv_mma_kernel(const bf16* __restrict__ x, int64_t ldx, GemvSet set,
+                                                       int64_t in, int N) {
   __shared__ float red[W][16][8];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t r0 = int64_t(blockIdx.x) * 16;
+  const int part = find_part(set, blockIdx.x);
+  const bf16* __restrict__ w = static_cast<const bf16*>(set.part[part].w);
+  const int64_t out = set.part[part].out, ldy = set.part[part].ldy;
+  YT* __restrict__ y = static_cast<YT*>(set.part[part].y);
+  const int64_t r0 = int64_t(blockIdx.x - set.first[part]) * 16;
   const int64_t ra = min(r0 + g, out - 1), rb = min(r0 + g + 8, out - 1);
   const uint4* wa = reinterpret_cast<const uint4*>(w + ra * in) + t;
   const uint4* wb = reinterpret_cast<const uint4*>(w + rb * in) + t;
@@ -236,66 +249,92 @@ void launch_k(void (*kernel)(KArgs...), unsigned blocks, unsigned threads, cudaS
   SALA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 
+// Fills set.first for CTAs of `rows` output rows; returns the total CTA count.
+unsigned lay_out(GemvSet& set, int64_t rows) {
+  unsigned b = 0;
+  for (int i = 0; i < set.count; ++i) {
+    set.first[i] = b;
+    b += unsigned((set.part[i].out + rows - 1) / rows);
+  }
+  set.first[set.count] = b;
+  return b;
+}
+
 template <int N, typename XT, typename YT>
-void launch_n(const void* x, int64_t ldx, const void* w, int64_t out, int64_t in, void* y, int64_t ldy,
-              cudaStream_t st) {
-  const unsigned blocks = unsigned((out + kRows - 1) / kRows);
-  launch_k(gemv_kernel<N, XT, YT>, blocks, kWarps * 32, st, static_cast<const XT*>(x), ldx, static_cast<const bf16*>(w),
-           out, in, static_cast<YT*>(y), ldy);
+void launch_n(const void* x, int64_t ldx, GemvSet set, int64_t in, cudaStream_t st) {
+  const unsigned blocks = lay_out(set, kRows);
+  launch_k(gemv_kernel<N, XT, YT>, blocks, kWarps * 32, st, static_cast<const XT*>(x), ldx, set, in);
 }
 
 template <typename XT, typename YT>
-void launch_t(int N, const void* x, int64_t ldx, const void* w, int64_t out, int64_t in, void* y, int64_t ldy,
-              cudaStream_t st) {
+void launch_t(int N, const void* x, int64_t ldx, const GemvSet& set, int64_t in, cudaStream_t st) {
   switch (N) {
-    case 1: return launch_n<1, XT, YT>(x, ldx, w, out, in, y, ldy, st);
-    case 2: return launch_n<2, XT, YT>(x, ldx, w, out, in, y, ldy, st);
-    case 3: return launch_n<3, XT, YT>(x, ldx, w, out, in, y, ldy, st);
-    case 4: return launch_n<4, XT, YT>(x, ldx, w, out, in, y, ldy, st);
-    case 5: return launch_n<5, XT, YT>(x, ldx, w, out, in, y, ldy, st);
-    case 6: return launch_n<6, XT, YT>(x, ldx, w, out, in, y, ldy, st);
-    case 7: return launch_n<7, XT, YT>(x, ldx, w, out, in, y, ldy, st);
-    default: return launch_n<8, XT, YT>(x, ldx, w, out, in, y, ldy, st);
+    case 1: return launch_n<1, XT, YT>(x, ldx, set, in, st);
+    case 2: return launch_n<2, XT, YT>(x, ldx, set, in, st);
+    case 3: return launch_n<3, XT, YT>(x, ldx, set, in, st);
+    case 4: return launch_n<4, XT, YT>(x, ldx, set, in, st);
+    case 5: return launch_n<5, XT, YT>(x, ldx, set, in, st);
+    case 6: return launch_n<6, XT, YT>(x, ldx, set, in, st);
+    case 7: return launch_n<7, XT, YT>(x, ldx, set, in, st);
+    default: return launch_n<8, XT, YT>(x, ldx, set, in, st);
   }
 }
 
 }  // namespace
 
-void launch_gemv(const void* x, Dt dtx, int64_t ldx, const void* w, int64_t out, int64_t in, void* y, Dt dty,
-                 int64_t ldy, int N, int mode, bool pdl, cudaStream_t st) {
+void launch_gemv_set(const void* x, Dt dtx, int64_t ldx, GemvSet set, int64_t in, Dt dty, int N, int mode, bool pdl,
+                     cudaStream_t st) {
   g_pdl = pdl;
-  if (N <= 0 || out <= 0) return;
+  SALA_CUDA_REQUIRE(set.count >= 1 && set.count <= kGemvMaxParts, "gemv: 1 to 4 parts");
+  int64_t max_out = 0;
+  bool aligned = al16(x);
+  for (int i = 0; i < set.count; ++i) {
+    max_out = std::max(max_out, set.part[i].out);
+    aligned = aligned && al16(set.part[i].w);
+  }
+  if (N <= 0 || max_out <= 0) return;
   SALA_CUDA_REQUIRE(N <= 8, "gemv: at most 8 rows");
   const size_t xes = dtx == kF32 ? 4 : 2;
-  const bool fast = (dtx == kBF16 || dtx == kF32) && (dty == kBF16 || dty == kF32) && in % 8 == 0 && al16(x) &&
-                    al16(w) && (ldx * int64_t(xes)) % 16 == 0;
+  const bool fast = (dtx == kBF16 || dtx == kF32) && (dty == kBF16 || dty == kF32) && in % 8 == 0 && aligned &&
+                    (ldx * int64_t(xes)) % 16 == 0;
   // Mode (set_gemv_mode): 0 auto, 1 FMA kernel, 2 tensor cores with 4 warps, 3 with 16 warps.
   const bool mma_ok = fast && dtx == kBF16 && in % 32 == 0 && (ldx * 2) % 16 == 0;
   int m = mode;
   // Measured on H200 (docs/cuda-backend.md): FMA best at N ≤ 2 (69-100% of copy bandwidth); tensor
   // cores at N ≥ 3, 16 warps per CTA when there are few 16-row CTAs (out ≤ 8192), else 4.
-  if (m == 0) m = N <= 2 ? 1 : out <= 8192 ? 3 : 2;
+  int64_t total_out = 0;
+  for (int i = 0; i < set.count; ++i) total_out += set.part[i].out;
+  if (m == 0) m = N <= 2 ? 1 : total_out <= 8192 ? 3 : 2;
   if (mma_ok && m >= 2) {
-    const unsigned blocks = unsigned((out + 15) / 16);
+    const unsigned blocks = lay_out(set, 16);
     auto xb = static_cast<const bf16*>(x);
-    auto wb = static_cast<const bf16*>(w);
     if (m == 3) {
-      if (dty == kBF16) launch_k(gemv_mma_kernel<bf16, 16>, blocks, 512, st, xb, ldx, wb, out, in, static_cast<bf16*>(y), ldy, N);
-      else launch_k(gemv_mma_kernel<float, 16>, blocks, 512, st, xb, ldx, wb, out, in, static_cast<float*>(y), ldy, N);
+      if (dty == kBF16) launch_k(gemv_mma_kernel<bf16, 16>, blocks, 512, st, xb, ldx, set, in, N);
+      else launch_k(gemv_mma_kernel<float, 16>, blocks, 512, st, xb, ldx, set, in, N);
     } else {
-      if (dty == kBF16) launch_k(gemv_mma_kernel<bf16, 4>, blocks, 128, st, xb, ldx, wb, out, in, static_cast<bf16*>(y), ldy, N);
-      else launch_k(gemv_mma_kernel<float, 4>, blocks, 128, st, xb, ldx, wb, out, in, static_cast<float*>(y), ldy, N);
+      if (dty == kBF16) launch_k(gemv_mma_kernel<bf16, 4>, blocks, 128, st, xb, ldx, set, in, N);
+      else launch_k(gemv_mma_kernel<float, 4>, blocks, 128, st, xb, ldx, set, in, N);
     }
   } else if (fast) {
-    if (dtx == kBF16 && dty == kBF16) launch_t<bf16, bf16>(N, x, ldx, w, out, in, y, ldy, st);
-    else if (dtx == kBF16) launch_t<bf16, float>(N, x, ldx, w, out, in, y, ldy, st);
-    else if (dty == kBF16) launch_t<float, bf16>(N, x, ldx, w, out, in, y, ldy, st);
-    else launch_t<float, float>(N, x, ldx, w, out, in, y, ldy, st);
+    if (dtx == kBF16 && dty == kBF16) launch_t<bf16, bf16>(N, x, ldx, set, in, st);
+    else if (dtx == kBF16) launch_t<bf16, float>(N, x, ldx, set, in, st);
+    else if (dty == kBF16) launch_t<float, bf16>(N, x, ldx, set, in, st);
+    else launch_t<float, float>(N, x, ldx, set, in, st);
   } else {
-    gemv_generic<<<unsigned((out + 7) / 8), 256, 0, st>>>(x, dtx, ldx, static_cast<const bf16*>(w), out, in, y, dty,
-                                                          ldy, N);
+    for (int i = 0; i < set.count; ++i) {
+      const GemvPart& p = set.part[i];
+      gemv_generic<<<unsigned((p.out + 7) / 8), 256, 0, st>>>(x, dtx, ldx, static_cast<const bf16*>(p.w), p.out, in, p.y, dty, p.ldy, N);
+    }
   }
   SALA_CUDA_LAUNCH("gemv kernel");
+}
+
+void launch_gemv(const void* x, Dt dtx, int64_t ldx, const void* w, int64_t out, int64_t in, void* y, Dt dty,
+                 int64_t ldy, int N, int mode, bool pdl, cudaStream_t st) {
+  GemvSet set{};
+  set.part[0] = {w, y, out, ldy};
+  set.count = 1;
+  launch_gemv_set(x, dtx, ldx, set, in, dty, N, mode, pdl, st);
 }
 
 }  // namespace sala::cuda

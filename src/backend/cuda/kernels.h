@@ -63,6 +63,19 @@ void launch_elementwise(EwOp op, int64_t n, const void* a, Dt dta, const void* b
                         float alpha, cudaStream_t st);
 void launch_rmsnorm(const void* x, Dt dtx, const void* w, Dt dtw, void* y, Dt dty, int64_t rows, int64_t cols,
                     float eps, cudaStream_t st);
+// h += bf16(alpha·a); y = rmsnorm(h)·w, bf16 rows of 1024…16384 columns. Returns false (nothing
+// launched) for other shapes/dtypes: the caller then issues add_scaled + rmsnorm.
+bool launch_add_rmsnorm(void* h, const void* a, float alpha, const void* w, void* y, Dt dt, int64_t rows, int64_t cols,
+                        float eps, cudaStream_t st);
+// Per-head RMSNorm of bf16 q [q_rows head rows] and k [k_rows] (weights [head_dim]) and, when
+// positions is not null, rotate-half RoPE — one launch. head_dim ≤ 128, multiple of 16; false
+// (nothing launched) otherwise.
+bool launch_qk_norm_rope(void* q, int64_t q_rows, const void* qw, void* k, int64_t k_rows, const void* kw, int q_heads,
+                         int k_heads, int head_dim, float eps, const int32_t* positions, const float* inv_freq,
+                         cudaStream_t st);
+// y = bf16(rmsnorm(x)·w) · bf16(sigmoid(z)), bf16 rows of 1024…16384 columns; false otherwise.
+bool launch_rmsnorm_gate(const void* x, const void* w, const void* z, void* y, int64_t rows, int64_t cols, float eps,
+                         cudaStream_t st);
 void launch_rope(void* x, Dt dt, int64_t rows, int64_t cols, int head_dim, const int32_t* positions,
                  const float* inv_freq, cudaStream_t st);
 void launch_embed(const void* table, Dt dtt, int64_t cols, const int32_t* tokens, int64_t rows, float scale, void* out,
@@ -86,6 +99,44 @@ void launch_random_bf16(void* dst, int64_t n, float mean, float std, uint64_t se
 // before waiting for the previous kernel's outputs.
 void launch_gemv(const void* x, Dt dtx, int64_t ldx, const void* w, int64_t out, int64_t in, void* y, Dt dty,
                  int64_t ldy, int N, int mode, bool pdl, cudaStream_t st);
+// Grouped decode GEMV: several weights with the same `in` applied to the same x in ONE launch
+// (q/k/v/gate projections, gate/up): one ramp and tail instead of one per matrix, and small
+// matrices become one large, bandwidth-efficient grid. Every y has dtype dty.
+constexpr int kGemvMaxParts = 4;
+struct GemvPart {
+  const void* w;  // bf16 [out, in]
+  void* y;        // [N, ldy]
+  int64_t out, ldy;
+};
+struct GemvSet {
+  GemvPart part[kGemvMaxParts];
+  unsigned first[kGemvMaxParts + 1];  // first CTA of each part (filled by the launcher)
+  int count;
+};
+void launch_gemv_set(const void* x, Dt dtx, int64_t ldx, GemvSet set, int64_t in, Dt dty, int N, int mode, bool pdl,
+                     cudaStream_t st);
+
+// ---- packed weights (quant_gemv.cu; layouts in backend/quant_layout.h) ----
+struct QWeight {
+  int fmt;              // qlayout::kFP8, kQ8, kQ4
+  const void* codes;    // tile layout
+  const float* params;  // float4 tiles {s, b, s, b}
+  int64_t out, in, group;  // group == in: one scale per row
+};
+// y[n, o] = Σ_i x[n, i] · W[o, i] for n < N ≤ 8, decoding the tiles in registers (bf16 mma,
+// fp32 accumulation, scales and biases applied in fp32 per group). x bf16, 8-byte aligned rows
+// (ldx % 4 == 0); y bf16 or f32. warps per CTA: 4, 8 or 16 (0: automatic). pdl as launch_gemv.
+void launch_qgemv(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps,
+                  bool pdl, cudaStream_t st);
+// Rows [row0, row0 + rows) of W (row0 % 16 == 0) as bf16 row-major [rows, in] (prefill: cuBLAS
+// multiplies them).
+void launch_qdequant(const QWeight& w, int64_t row0, int64_t rows, void* dst, cudaStream_t st);
+// Canonical codes (row-major, QuantMatrixView) -> tile layout, on the device.
+void launch_qtile(const QWeight& w, const void* canonical, void* tiles, cudaStream_t st);
+// Random codes (no fp8 NaN codes) and params {s·f, b·f}, f ∈ [0.75, 1.25) per (row, group);
+// padded rows get s = b = 0.
+void launch_qrandom(const QWeight& w, void* codes, float* params, float scale, float bias, uint64_t seed,
+                    cudaStream_t st);
 
 // ---- lightning (gla.cu) ----
 struct GlaArgs {
@@ -106,6 +157,20 @@ struct GlaArgs {
 };
 void launch_gla_recurrent(const GlaArgs& a, cudaStream_t st);
 void launch_gla_chunked(const GlaArgs& a, cudaStream_t st);
+
+// ---- lightning rollback for speculative decoding (rollback.cu) ----
+// states[slot][layer][h] = exp(keep·g_h)·states[snapshot_slot][layer][h] + Σ_{j<keep}
+// exp((keep−1−j)·g_h)·k_j ⊗ v_j, for keep ≥ 1 (keep 0 is a plain copy, done by the host).
+struct RollbackArgs {
+  const void* k;            // [>= keep, kv_heads*d], row stride ldk
+  const void* v;
+  Dt dt;                    // dtype of k and v
+  int64_t ldk, ldv;
+  float* states;            // [slot][layer][head][d][d]
+  const float* log_decay;   // [heads] (device)
+  int32_t slot, snapshot_slot, layer, layers, heads, kv_heads, d, keep;
+};
+void launch_lightning_rollback(const RollbackArgs& a, cudaStream_t st);
 
 // ---- sparse layers (cache.cu, select.cu, attention.cu) ----
 struct SparseArgs {

@@ -1,0 +1,144 @@
+// CPU backend: packed weights (docs/quantization.md). They stay in the canonical layout of
+// QuantMatrixView (codes row-major, f32 scales/biases per group) and matmul decodes them on the
+// fly: decode (N ≤ kRowDotMax) decodes each output row into a per-thread f32 row and takes N dot
+// products with it; prefill decodes blocks of rows into a bounded f32 tile and hands each tile to
+// sgemm. No dequantized copy of a whole matrix is ever kept.
+//
+// Decoded values equal dequantize_views' within f32 rounding: w = s·q + b is evaluated in double
+// and rounded once, which is exact for the integer formats (b = −z·s with z = 128 or 8 is exact,
+// so s·q + b = s·(q − z) exactly) and one rounding for zero points and MLX biases.
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+
+#ifdef SALA_HAS_OPENBLAS
+#include <cblas.h>
+#endif
+
+namespace sala {
+
+namespace {
+
+constexpr int64_t kRowDotMax = 8;            // at most this many rows: per-row dot products
+constexpr int64_t kTileFloats = int64_t(1) << 20;  // prefill tile: 4 MiB of decoded rows
+
+const std::array<float, 256>& fp8_table() {
+  static const std::array<float, 256> t = [] {
+    std::array<float, 256> a{};
+    for (int c = 0; c < 256; ++c) a[size_t(c)] = fp8_e4m3_to_f32(uint8_t(c));
+    return a;
+  }();
+  return t;
+}
+
+// Row o of a packed weight as f32 values.
+void decode_row(const Weight& w, int64_t o, float* dst) {
+  const int64_t in = w.in(), G = w.group, groups = in / G;
+  const auto* codes = static_cast<const uint8_t*>(w.w.data);
+  const float* sc = static_cast<const float*>(w.scales) + o * groups;
+  const float* bi = w.biases ? static_cast<const float*>(w.biases) + o * groups : nullptr;
+  switch (w.format) {
+    case WeightFormat::FP8: {
+      const auto& t = fp8_table();
+      const uint8_t* c = codes + o * in;
+      const float s = sc[0];
+      for (int64_t j = 0; j < in; ++j) dst[j] = s * t[c[j]];
+      return;
+    }
+    case WeightFormat::Q8: {
+      const uint8_t* c = codes + o * in;
+      for (int64_t g = 0; g < groups; ++g) {
+        const double s = sc[g], b = bi[g];
+        for (int64_t j = g * G; j < (g + 1) * G; ++j) dst[j] = float(s * double(c[j]) + b);
+      }
+      return;
+    }
+    case WeightFormat::Q4: {
+      const uint8_t* c = codes + o * (in / 2);
+      for (int64_t g = 0; g < groups; ++g) {
+        const double s = sc[g], b = bi[g];
+        for (int64_t j = g * G; j < (g + 1) * G; j += 2) {
+          const uint8_t v = c[j / 2];
+          dst[j] = float(s * double(v & 0xf) + b);
+          dst[j + 1] = float(s * double(v >> 4) + b);
+        }
+      }
+      return;
+    }
+    case WeightFormat::Dense: break;
+  }
+  fail("cpu matmul: weight format {} is not packed", weight_format_name(w.format));
+}
+
+// Eight independent partial sums so the loop vectorises without reassociation flags.
+float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int i = 0; i < 8; ++i) acc[i] += a[j + i] * b[j + i];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; j < n; ++j) s += a[j] * b[j];
+  return s;
+}
+
+}  // namespace
+
+Weight CpuBackend::load_quantized_weight(const QuantMatrixView& q, const std::string& name) {
+  q.validate(name);
+  const size_t code_bytes = (q.code_bytes() + 63) / 64 * 64, np = size_t(q.rows * q.groups());
+  const size_t bytes = code_bytes + np * 4 * (q.biases.empty() ? 1 : 2);
+  Weight w;
+  w.storage = alloc(bytes);
+  auto* base = static_cast<uint8_t*>(w.storage->data());
+  std::memcpy(base, q.codes.data(), q.code_bytes());
+  float* sc = reinterpret_cast<float*>(base + code_bytes);
+  std::copy(q.scales.begin(), q.scales.end(), sc);
+  if (!q.biases.empty()) std::copy(q.biases.begin(), q.biases.end(), sc + np);
+  w.w = Mat{base, DType::U8, q.rows, q.cols};
+  w.format = q.format;
+  w.group = q.group;
+  w.scales = sc;
+  w.biases = q.biases.empty() ? nullptr : sc + np;
+  w.packed_bytes = q.code_bytes() + np * 4 * (q.biases.empty() ? 1 : 2);
+  return w;
+}
+
+void CpuBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
+  SALA_CHECK(x.dtype == DType::F32 && y.dtype == DType::F32, "cpu matmul: x and y must be f32 (got {}, {})",
+             dtype_name(x.dtype), dtype_name(y.dtype));
+  const int64_t N = x.rows, out = w.out(), in = w.in();
+  const float* a = static_cast<const float*>(x.data);
+  float* c = static_cast<float*>(y.data);
+  bool rows_dot = N <= kRowDotMax;
+#ifndef SALA_HAS_OPENBLAS
+  rows_dot = true;  // no sgemm: the per-row loop at every N
+#endif
+  if (rows_dot) {
+    pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
+      std::vector<float> row(static_cast<size_t>(in));
+      for (int64_t o = o0; o < o1; ++o) {
+        decode_row(w, o, row.data());
+        for (int64_t n = 0; n < N; ++n) c[n * y.cols + o] = dot(a + n * x.cols, row.data(), in);
+      }
+    });
+    return;
+  }
+#ifdef SALA_HAS_OPENBLAS
+  // Prefill: decode a block of rows (threads), multiply it (OpenBLAS threads), next block.
+  const int64_t block = std::clamp<int64_t>(kTileFloats / in, 16, out);
+  std::vector<float> tile(static_cast<size_t>(block * in));
+  for (int64_t o0 = 0; o0 < out; o0 += block) {
+    const int64_t nb = std::min(block, out - o0);
+    pool_.parallel_for(nb, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) decode_row(w, o0 + r, tile.data() + r * in);
+    });
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(N), int(nb), int(in), 1.0f, a, int(x.cols), tile.data(),
+                int(in), 0.0f, c + o0, int(y.cols));
+  }
+#endif
+}
+
+}  // namespace sala

@@ -1,0 +1,162 @@
+// Packed weight layouts shared by the backends (docs/quantization.md, "Formats in memory"), the
+// host side of the CUDA tile layout, and the bit tricks its kernels decode codes with. Plain C++
+// (no CUDA headers): the unit tests check the tile layout and the decoders on the host.
+//
+// Canonical (host, CPU backend) layout: see QuantMatrixView in backend.h.
+//
+// CUDA tile layout. The decode GEMV (quant_gemv.cu) feeds codes to bf16 mma.sync.m16n8k16 with the
+// weight as the A operand: a warp owns 16 output rows; per mma, lane L (g = L/4, t = L%4)
+// supplies rows g and g+8 at four k positions. Inside one mma the k order is free as long as x
+// uses the same one, so lane t takes the 4 consecutive columns k0 + 4t .. k0 + 4t + 3 of the
+// mma's 16 (k0 = 16·j); x is then one 8-byte load per lane. The codes are reordered at load so
+// that each lane's codes for a run of mmas are one 16-byte piece:
+//   rows padded to a multiple of 16, columns to a multiple of KT; tile (rb, kt) = rows
+//   16·rb .. 16·rb + 15 × columns KT·kt .. KT·kt + KT − 1 = 512 bytes at (rb·ktiles + kt)·512;
+//   lane L's 16 bytes at 16·L = four 32-bit words.
+//   8-bit (FP8, Q8; KT = 32, 2 mmas): word 2j = row g columns c0..c3 of mma j (byte i = c_i),
+//     word 2j + 1 = row g + 8.
+//   4-bit (Q4; KT = 64, 4 mmas): word j = mma j; nibble ν (bits 4ν..4ν+3) holds row g + 8·r8,
+//     column c, with ν = r8 + 2·(c >> 1) + 4·(c & 1). Then (word >> 4p) & 0x000F000F puts the
+//     bf16 A-fragment register p (a0: row g c0,c1; a1: row g+8 c0,c1; a2: row g c2,c3; a3: row
+//     g+8 c2,c3) into the two halves, one lop3 from bf16 values.
+// Every mma's 16 columns lie in one group when group % 16 == 0 (required for grouped formats).
+// Scales and biases: float4 {s(row g), b(row g), s(row g+8), b(row g+8)} at
+//   ((rb · groups + gi) · 8 + g), padded rows s = b = 0; groups = 1 for per-row formats.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#ifndef SALA_HD
+#if defined(__CUDACC__)
+#define SALA_HD __host__ __device__
+#else
+#define SALA_HD
+#endif
+#endif
+
+namespace sala::qlayout {
+
+// Format numbers as the kernels see them (WeightFormat::FP8/Q8/Q4 = 1/2/3).
+enum Fmt : int { kFP8 = 1, kQ8 = 2, kQ4 = 3 };
+
+SALA_HD constexpr int bits_of(int fmt) { return fmt == kQ4 ? 4 : 8; }
+SALA_HD constexpr int tile_k(int fmt) { return fmt == kQ4 ? 64 : 32; }
+constexpr int kTileBytes = 512;
+
+struct TileGeom {
+  int fmt = kQ4;
+  int64_t rows = 0, cols = 0, group = 0;  // group = cols: one per row
+  SALA_HD int64_t row_blocks() const { return (rows + 15) / 16; }
+  SALA_HD int64_t ktiles() const { return (cols + tile_k(fmt) - 1) / tile_k(fmt); }
+  SALA_HD int64_t groups() const { return cols / group; }
+  SALA_HD int64_t code_bytes() const { return row_blocks() * ktiles() * kTileBytes; }
+  SALA_HD int64_t param_floats() const { return row_blocks() * groups() * 8 * 4; }
+};
+
+// Where (row, k) lives in the tile layout: byte offset and bit shift (0 or 4 for 4-bit).
+SALA_HD inline void code_slot(const TileGeom& g, int64_t row, int64_t k, int64_t* byte, int* shift) {
+  const int64_t rb = row / 16, r = row % 16, kt = k / tile_k(g.fmt), kk = k % tile_k(g.fmt);
+  const int j = int(kk / 16), t = int(kk % 16) / 4, c = int(kk % 4);
+  const int lane = int(r % 8) * 4 + t, r8 = int(r / 8);
+  const int64_t base = (rb * g.ktiles() + kt) * kTileBytes + lane * 16;
+  if (g.fmt == kQ4) {
+    const int nu = r8 + 2 * (c >> 1) + 4 * (c & 1);
+    *byte = base + j * 4 + nu / 2;
+    *shift = (nu % 2) * 4;
+  } else {
+    *byte = base + (2 * j + r8) * 4 + c;
+    *shift = 0;
+  }
+}
+
+// Reorders canonical codes (row-major; Q4 two per byte, element 2j low nibble) into the tile
+// layout; dst has g.code_bytes() bytes, padding becomes zero.
+inline void tile_codes(const TileGeom& g, const uint8_t* src, uint8_t* dst) {
+  std::memset(dst, 0, size_t(g.code_bytes()));
+  const int64_t row_bytes = g.fmt == kQ4 ? g.cols / 2 : g.cols;
+  for (int64_t r = 0; r < g.rows; ++r)
+    for (int64_t k = 0; k < g.cols; ++k) {
+      const uint8_t b = src[r * row_bytes + (g.fmt == kQ4 ? k / 2 : k)];
+      const unsigned v = g.fmt == kQ4 ? (k & 1 ? b >> 4 : b & 0xf) : b;
+      int64_t at;
+      int shift;
+      code_slot(g, r, k, &at, &shift);
+      dst[at] = uint8_t(dst[at] | (v << shift));
+    }
+}
+
+// Interleaves scales/biases ([rows, groups], biases may be null = 0) into the float4 tiles.
+inline void tile_params(const TileGeom& g, const float* scales, const float* biases, float* dst) {
+  std::memset(dst, 0, size_t(g.param_floats()) * sizeof(float));
+  const int64_t G = g.groups();
+  for (int64_t r = 0; r < g.rows; ++r)
+    for (int64_t gi = 0; gi < G; ++gi) {
+      const int64_t rb = r / 16, rr = r % 16;
+      float* p = dst + ((rb * G + gi) * 8 + rr % 8) * 4 + (rr / 8) * 2;
+      p[0] = scales[r * G + gi];
+      p[1] = biases ? biases[r * G + gi] : 0.f;
+    }
+}
+
+// ---- decoders (integer bit tricks; identical on host and device) ----
+
+SALA_HD inline float bits_to_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+// Q4: A-fragment register p (0..3) of a tile word: two bf16 values 128 + q (exact: bf16 has 8
+// significant bits). The kernel removes the 128 with the bias: s·Σx(128+q) + (b − 128·s)·Σx.
+SALA_HD inline uint32_t q4_bf16x2(uint32_t word, int p) { return ((word >> (4 * p)) & 0x000F000Fu) | 0x43004300u; }
+
+// Q8: byte i of a word as an exact f32 (2^23 + q − 2^23).
+SALA_HD inline float q8_f32(uint32_t word, int i) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | unsigned(i))) - 8388608.f;
+#else
+  return bits_to_float(0x4B000000u | ((word >> (8 * i)) & 0xffu)) - 8388608.f;
+#endif
+}
+
+// FP8: bytes 2h, 2h+1 of a word as two f16 values e4m3(q)·2^-8 (exact, subnormals included):
+// the e4m3 bits shifted into an f16's exponent/mantissa fields (biases 7 vs 15). The kernels
+// multiply by 256 with the scale. Codes 0x7f/0xff (NaN) are rejected at load.
+SALA_HD inline uint32_t fp8_f16x2(uint32_t word, int h) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t t = __byte_perm(word, 0u, h ? 0x3424u : 0x1404u);  // byte 2h -> bits 8..15, 2h+1 -> 24..31
+#else
+  const uint32_t t = (((word >> (16 * h)) & 0xffu) << 8) | (((word >> (16 * h + 8)) & 0xffu) << 24);
+#endif
+  return (t & 0x80008000u) | ((t >> 1) & 0x3F803F80u);
+}
+
+// ---- random packed weights (benchmarks) ----
+
+// Scale and bias that give codes drawn uniformly a mean of ~0 and a standard deviation of ~std.
+// FP8: uniform over the 254 finite codes; returns the row scale (bias 0).
+inline void random_params(int fmt, float std, float* scale, float* bias) {
+  if (fmt == kFP8) {
+    double ss = 0;
+    int n = 0;
+    for (int c = 0; c < 256; ++c) {
+      if ((c & 0x7f) == 0x7f) continue;
+      const int e = (c >> 3) & 15, m = c & 7;
+      const double v = e ? std::ldexp(1.0 + m / 8.0, e - 7) : std::ldexp(m / 8.0, -6);
+      ss += v * v, ++n;
+    }
+    *scale = float(std / std::sqrt(ss / n));
+    *bias = 0.f;
+    return;
+  }
+  const double L = fmt == kQ4 ? 16 : 256;
+  *scale = float(std * std::sqrt(12.0 / (L * L - 1)));
+  *bias = float(-*scale * (L - 1) / 2);
+}
+
+}  // namespace sala::qlayout

@@ -1,0 +1,333 @@
+// Packed weights on the GPU (called from cuda_parity.cpp's main): the CUDA packed matmul against
+// the CPU packed matmul (the f32 reference) for every format at N = 1, 2, 8 (decode GEMV, every
+// warp count), 16, 24 (GEMV launches of 8 rows or cuBLAS) and 64, 512 (bf16 dequantization +
+// cuBLAS), x/y dtypes; the device tiling against
+// the host's (quant_layout.h); random packed weights; load errors; whole quantized models (CPU vs
+// GPU, packed vs dequantized, CUDA graphs on vs off).
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/quant_layout.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "engine/replay.h"
+#include "io/safetensors.h"
+#include "model/loader.h"
+#include "model/presets.h"
+#include "model/quant.h"
+#include "model/random_checkpoint.h"
+#include "model/weights.h"
+
+using namespace sala;
+namespace fs = std::filesystem;
+
+namespace {
+
+int* g_pass = nullptr;
+int* g_fail = nullptr;
+
+std::string strf(const char* f, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, f);
+  vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
+void check(bool ok, const std::string& name, const std::string& detail = "") {
+  std::printf("[%s] %-58s %s\n", ok ? "PASS" : "FAIL", name.c_str(), detail.c_str());
+  std::fflush(stdout);
+  (ok ? *g_pass : *g_fail)++;
+}
+
+std::vector<float> randn(size_t n, uint64_t seed, float std = 1.f) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = round_bf16(std * normal01(seed, i));
+  return v;
+}
+
+double rel_err(const std::vector<float>& a, const std::vector<float>& ref) {
+  if (a.size() != ref.size()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    num += double(a[i] - ref[i]) * double(a[i] - ref[i]);
+    den += double(ref[i]) * double(ref[i]);
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+std::vector<float> run_matmul(Backend& b, const Weight& w, const std::vector<float>& x, int64_t n, DType xd, DType yd) {
+  auto xb = b.alloc(size_t(n * w.in()) * dtype_size(xd) + 16), yb = b.alloc(size_t(n * w.out()) * dtype_size(yd) + 16);
+  Mat xm = xb->mat(xd, n, w.in()), ym = yb->mat(yd, n, w.out());
+  b.upload(xm, x.data());
+  std::vector<float> y(size_t(n * w.out()), std::nanf(""));
+  b.upload(ym, y.data());  // poison
+  b.matmul(xm, w, ym);
+  b.download(ym, y.data());
+  return y;
+}
+
+struct Fmt {
+  const char* name;
+  QuantFormat format;
+  int group;
+  bool zero_points;
+  int bits;
+};
+
+const Fmt kFormats[] = {
+    {"fp8", QuantFormat::FP8, 0, false, 4},          {"int8", QuantFormat::INT8, 0, false, 4},
+    {"int4 g64 zp", QuantFormat::INT4, 64, true, 4}, {"int4 g32 sym", QuantFormat::INT4, 32, false, 4},
+    {"mlx4 g64", QuantFormat::MLX, 64, false, 4},    {"mlx8 g32", QuantFormat::MLX, 32, false, 8},
+    {"mlx8 g48", QuantFormat::MLX, 48, false, 8},
+};
+
+// Random canonical packed data (big shapes: quantize_matrix's fp8 search would take seconds).
+PackedMatrix random_packed(WeightFormat f, int64_t rows, int64_t cols, int64_t group, uint64_t seed) {
+  PackedMatrix p;
+  p.format = f, p.rows = rows, p.cols = cols, p.group = group;
+  p.codes.resize(size_t(rows) * size_t(f == WeightFormat::Q4 ? cols / 2 : cols));
+  for (size_t i = 0; i < p.codes.size(); ++i) {
+    uint8_t b = uint8_t(splitmix64(seed * 0x9e3779b97f4a7c15ull + i));
+    if (f == WeightFormat::FP8 && (b & 0x7f) == 0x7f) b = 0;
+    p.codes[i] = b;
+  }
+  const size_t np = size_t(rows * (cols / group));
+  float s0, b0;
+  qlayout::random_params(int(f), 1.0f / std::sqrt(float(cols)), &s0, &b0);
+  for (size_t i = 0; i < np; ++i) {
+    const float u = 0.75f + 0.5f * uniform01(seed, i);
+    p.scales.push_back(s0 * u);
+    if (f != WeightFormat::FP8) p.biases.push_back(b0 * u);
+  }
+  return p;
+}
+
+void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
+  struct S {
+    int64_t out, in;
+    bool big;
+  };
+  const S shapes[] = {{64, 64 * 3, false}, {200, 384, false}, {129, 768, false}, {4096, 4096, true}, {1000, 16384, true}};
+  for (const Fmt& f : kFormats)
+    for (const S& s : shapes) {
+      if (f.group && s.in % f.group) continue;
+      if (s.big && (f.format == QuantFormat::MLX || (f.format == QuantFormat::INT4 && !f.zero_points))) continue;
+      PackedMatrix pm;
+      if (s.big) {  // the format's packed form directly (int4 zero points and symmetric: both Q4)
+        const WeightFormat wf = f.format == QuantFormat::FP8 ? WeightFormat::FP8
+                                : f.format == QuantFormat::INT8 ? WeightFormat::Q8 : WeightFormat::Q4;
+        pm = random_packed(wf, s.out, s.in, f.group ? f.group : s.in, 31 + uint64_t(s.out));
+      } else {
+        const auto w = randn(size_t(s.out * s.in), 31 + uint64_t(s.out), 1.0f / std::sqrt(float(s.in)));
+        pm = pack_matrix(quantize_matrix(w.data(), s.out, s.in, f.format, f.group, f.zero_points, f.bits));
+      }
+      const Weight wc = cpu.load_quantized_weight(pm.view(), f.name), wg = gpu.load_quantized_weight(pm.view(), f.name);
+      const std::string shape = strf("%lldx%lld", (long long)s.out, (long long)s.in);
+      if (!s.big) {  // the device tiling equals the host's
+        const qlayout::TileGeom geo{int(pm.format), pm.rows, pm.cols, pm.group};
+        std::vector<uint8_t> host(size_t(geo.code_bytes())), dev(host.size());
+        qlayout::tile_codes(geo, pm.codes.data(), host.data());
+        std::vector<float> hp(size_t(geo.param_floats())), dp(hp.size());
+        qlayout::tile_params(geo, pm.scales.data(), pm.biases.empty() ? nullptr : pm.biases.data(), hp.data());
+        gpu.synchronize();
+        cudaMemcpy(dev.data(), wg.w.data, dev.size(), cudaMemcpyDeviceToHost);
+        cudaMemcpy(dp.data(), wg.scales, dp.size() * 4, cudaMemcpyDeviceToHost);
+        check(host == dev && hp == dp, strf("packed tiles %s %s == host layout", f.name, shape.c_str()),
+              strf("%zu code bytes, %zu params", host.size(), hp.size()));
+      }
+      for (int64_t n : {1, 2, 8, 16, 24, 64, 512}) {  // 16, 24: several GEMV launches (q4) or cuBLAS
+        if (s.big && (n == 64 || n == 24)) continue;
+        const auto x = randn(size_t(n * s.in), 7 + uint64_t(n));
+        const auto ref = run_matmul(cpu, wc, x, n, DType::F32, DType::F32);
+        // GEMV with f32 output: exact products of exact bf16 values, fp32 sums: tight. cuBLAS
+        // multiplies the bf16-rounded dequantized weight: bf16 tolerance.
+        const double tol32 = n <= 8 ? (pm.format == WeightFormat::Q4 ? 5e-5 : 2e-5) : 1e-2;
+        double e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::F32), ref);
+        check(e < tol32, strf("packed matmul %s N=%lld %s y:f32", f.name, (long long)n, shape.c_str()),
+              strf("rel %.2e", e));
+        e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::BF16), ref);
+        check(e < 1e-2, strf("packed matmul %s N=%lld %s y:bf16", f.name, (long long)n, shape.c_str()),
+              strf("rel %.2e", e));
+        if (n <= 8 && !s.big) {
+          e = rel_err(run_matmul(gpu, wg, x, n, DType::F32, DType::F32), ref);  // x converted to bf16 first
+          check(e < tol32, strf("packed matmul %s N=%lld %s x:f32", f.name, (long long)n, shape.c_str()),
+                strf("rel %.2e", e));
+          for (int mode : {2, 3}) {  // 4 and 16 warps per CTA (automatic picks 8 or 4)
+            gpu.set_gemv_mode(mode);
+            e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::F32), ref);
+            gpu.set_gemv_mode(0);
+            check(e < tol32, strf("packed matmul %s N=%lld %s %d warps", f.name, (long long)n, shape.c_str(),
+                                  mode == 2 ? 4 : 16),
+                  strf("rel %.2e", e));
+          }
+          gpu.set_use_gemv(false);  // small N through dequantization + cuBLAS
+          e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::F32), ref);
+          gpu.set_use_gemv(true);
+          check(e < 1e-2, strf("packed matmul(cuBLAS) %s N=%lld %s", f.name, (long long)n, shape.c_str()),
+                strf("rel %.2e", e));
+        }
+      }
+    }
+}
+
+void test_random_and_errors(CpuBackend& cpu, CudaBackend& gpu) {
+  const int64_t out = 4096, in = 4096;
+  const auto x = randn(size_t(8 * in), 3);
+  for (WeightFormat f : {WeightFormat::FP8, WeightFormat::Q8, WeightFormat::Q4}) {
+    const Weight w = gpu.random_quantized_weight(f, out, in, f == WeightFormat::Q4 ? 64 : in, 0.02f, 9);
+    const auto y = run_matmul(gpu, w, x, 8, DType::BF16, DType::F32);
+    double ss = 0;
+    bool finite = true;
+    for (float v : y) ss += double(v) * v, finite = finite && std::isfinite(v);
+    const double sd = std::sqrt(ss / double(y.size())), expect = 0.02 * std::sqrt(double(in));
+    const double bpp = double(w.nbytes()) / double(out * in);
+    check(finite && sd > 0.6 * expect && sd < 1.5 * expect && bpp < (f == WeightFormat::Q4 ? 0.63 : 1.01),
+          strf("random packed %s 4096x4096", weight_format_name(f)),
+          strf("sd %.3f (expect ~%.3f), %.3f bytes/weight", sd, expect, bpp));
+  }
+  // Group sizes the GEMV cannot step through: a clear error at load, naming the tensor.
+  std::vector<float> w(16 * 64, 0.5f);
+  const QuantizedMatrix q = quantize_matrix(w.data(), 16, 64, QuantFormat::MLX, 8, false, 4);
+  std::string msg = "(loaded)";
+  try {
+    gpu.load_quantized_weight(pack_matrix(q).view(), "model.layers.0.mlp.up_proj.weight");
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  check(msg.find("model.layers.0.mlp.up_proj.weight") != std::string::npos && msg.find("multiple of 16") != std::string::npos,
+        "packed load: group 8 refused with the tensor's name", msg);
+  (void)cpu;
+}
+
+// ---- whole models ----
+
+fs::path tmp_dir() {
+  const fs::path p = fs::temp_directory_path() / ("sala_cuda_quant_" + std::to_string(::getpid()));
+  fs::create_directories(p);
+  return p;
+}
+
+void write_dequantized(const fs::path& src, const fs::path& dst) {
+  fs::create_directories(dst);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src / "config.json"));
+  const QuantConfig qc = parse_quant_config(cfg);
+  cfg.erase("quantization");
+  std::ofstream(dst / "config.json") << cfg.dump(2);
+  const ModelConfig mc = ModelConfig::load(src);
+  Checkpoint ck(src);
+  SafetensorsWriter out;
+  std::vector<std::vector<float>> keep;
+  for (const TensorSpec& t : expected_tensors(mc)) {
+    const std::string base = t.name.substr(0, t.name.size() - 7);
+    const bool ours = ck.contains(t.name + "_scale"), mlx = ck.contains(base + ".scales");
+    if (!ours && !mlx) {
+      out.add(t.name, ck.get(t.name));
+      continue;
+    }
+    keep.emplace_back(size_t(shape_numel(t.shape)));
+    const TensorView* zero = ck.contains(t.name + "_zero") ? &ck.get(t.name + "_zero") : nullptr;
+    const TensorView* bias = mlx ? &ck.get(base + ".biases") : nullptr;
+    dequantize_views(qc.format, qc.group_size, qc.bits, t.shape[0], t.shape[1], ck.get(t.name),
+                     ck.get(mlx ? base + ".scales" : t.name + "_scale"), zero, bias, keep.back().data());
+    out.add(t.name, TensorView{keep.back().data(), DType::F32, t.shape});
+  }
+  out.write(dst / "model.safetensors");
+}
+
+std::vector<float> model_logits(Backend& b, const fs::path& dir, const std::vector<int32_t>& seq) {
+  LoadedModel m = load_model(dir.string(), b, {.max_batch_tokens = 64, .max_logit_rows = 64});
+  Engine e(*m.model, {.max_sequences = 1, .max_context = int64_t(seq.size())});
+  // Prompt chunks of 64 (dequantization + cuBLAS), then 60 decode steps (GEMV, CUDA graphs).
+  return replay(e, {seq}, {int64_t(seq.size()) - 60, 64, true})[0];
+}
+
+double top1(const std::vector<float>& a, const std::vector<float>& b, int V) {
+  int agree = 0, rows = int(a.size() / size_t(V));
+  for (int r = 0; r < rows; ++r) {
+    const float* x = a.data() + size_t(r) * V;
+    const float* y = b.data() + size_t(r) * V;
+    agree += std::max_element(x, x + V) - x == std::max_element(y, y + V) - y;
+  }
+  return double(agree) / rows;
+}
+
+void test_models() {
+  const fs::path tmp = tmp_dir();
+  const ModelConfig cfg = preset_config("tiny");
+  RandomCheckpointOptions ro;
+  ro.seed = 12;
+  ro.dtype = DType::F32;
+  write_random_checkpoint(tmp / "f32", cfg, ro);
+  std::vector<int32_t> seq(300);  // beyond dense_len: sparse layers decode in the InfLLM-v2 regime
+  for (size_t i = 0; i < seq.size(); ++i) seq[i] = int32_t(3 + (i * 97 + 5) % 500);
+  const std::pair<const char*, QuantizeOptions> cases[] = {{"fp8", {QuantFormat::FP8, 0, false, 4}},
+                                                           {"int8", {QuantFormat::INT8, 0, false, 4}},
+                                                           {"int4", {QuantFormat::INT4, 64, true, 4}},
+                                                           {"mlx4", {QuantFormat::MLX, 32, false, 4}}};
+  for (const auto& [name, opt] : cases) {
+    const fs::path q = tmp / name, d = tmp / (std::string(name) + "_deq");
+    quantize_checkpoint(tmp / "f32", q, opt);
+    write_dequantized(q, d);
+    CpuBackend cpu(0);
+    const auto ref = model_logits(cpu, q, seq);
+    std::vector<float> packed, dense, eager;
+    Backend::GraphStats gs;
+    {
+      CudaBackend gpu(0);
+      packed = model_logits(gpu, q, seq);
+      gs = gpu.graph_stats();
+    }
+    {
+      CudaBackend gpu(0);
+      dense = model_logits(gpu, d, seq);
+    }
+    {
+      CudaBackend gpu(0);
+      gpu.set_graphs(false);
+      eager = model_logits(gpu, q, seq);
+    }
+    const int V = cfg.vocab_size;
+    double e = rel_err(packed, ref);
+    check(e < 5e-2 && top1(packed, ref, V) > 0.95, strf("tiny %s model: cuda packed vs cpu packed", name),
+          strf("rel %.2e, top-1 %.3f", e, top1(packed, ref, V)));
+    e = rel_err(packed, dense);
+    check(e < 3e-2 && top1(packed, dense, V) > 0.95, strf("tiny %s model: cuda packed vs cuda dequantized", name),
+          strf("rel %.2e, top-1 %.3f", e, top1(packed, dense, V)));
+    check(packed == eager && gs.replays > 0, strf("tiny %s model: graphs == eager, bit for bit", name),
+          strf("%lld replays", (long long)gs.replays));
+  }
+  fs::remove_all(tmp);
+}
+
+}  // namespace
+
+// One line in cuda_parity.cpp's main calls this; results go into its pass/fail counters.
+void test_quant_parity(int& pass, int& fail) {
+  g_pass = &pass;
+  g_fail = &fail;
+  try {
+    CpuBackend cpu(0);
+    CudaBackend gpu(0);
+    test_matmuls(cpu, gpu);
+    test_random_and_errors(cpu, gpu);
+    test_models();
+  } catch (const std::exception& e) {
+    check(false, "packed weights: exception", e.what());
+  }
+}
