@@ -4,9 +4,12 @@
 # Configures (Release, Ninja, CUDA arch 90, vendored headers from .carry/include when present),
 # builds, runs the CUDA parity tests (sala_cuda_tests), the kernel benchmarks, then — when they
 # exist — the end-to-end GPU checks (tests/cuda/e2e_*.sh, run with $SALA and $SALA_ROOT set) and
-# `sala bench` (arguments from $SALA_BENCH_ARGS, time limit $SALA_BENCH_TIMEOUT s (300); default: random 9B weights, contexts 1k-32k). Missing optional steps are skipped with a message.
+# `sala bench` (arguments from $SALA_BENCH_ARGS, time limit $SALA_BENCH_TIMEOUT s (300); default: random 9B
+# weights, contexts 1k-32k), the quantized rows (quant-bench: fp8, int8, int4 at 4K/32K, batches 1/8/32),
+# the speculative verify/draft costs (spec-costs) and the serving benchmark (serve-bench:
+# scripts/serve_bench.sh, 9B random, concurrency 1/8/32). Missing optional steps are skipped with a message.
 # A short summary table is printed last. Steps can be chosen with
-#   SALA_DEVICE_STEPS="build test bench e2e sala-bench"   (default: all)
+#   SALA_DEVICE_STEPS="build test bench e2e sala-bench quant-bench spec-costs serve-bench"   (default: all)
 # Exit status: non-zero if the build or any run step failed.
 set -uo pipefail
 ROOT=$(pwd)
@@ -14,7 +17,7 @@ OUT=${OUT:-$ROOT/out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-$ROOT/build-device}
 ARCH=${SALA_CUDA_ARCH:-90}
-STEPS=${SALA_DEVICE_STEPS:-build test bench e2e sala-bench}
+STEPS=${SALA_DEVICE_STEPS:-build test bench e2e sala-bench quant-bench spec-costs serve-bench}
 JOBS=$(nproc 2>/dev/null || echo 8)
 declare -a SUMMARY=()
 FAILED=0
@@ -124,6 +127,37 @@ if want sala-bench; then
   else
     echo "sala-bench: no 'sala bench' command yet — skipped"
     note sala-bench skipped 0 "no 'sala bench' command"
+  fi
+fi
+
+# ---- quantized rows, speculative costs, serving (issues #8, #9, #7) ----
+have_bench() { [ -x "$SALA" ] && "$SALA" --help 2>&1 | grep -qE '^[[:space:]]+bench([[:space:]]|$)'; }
+if want quant-bench; then
+  if have_bench; then
+    for q in fp8 int8 int4; do
+      run "quant-$q" "$OUT/quant_bench.log" timeout 300 "$SALA" bench --random 9b --backend cuda --quant "$q" \
+        --contexts 4k,32k --batches 1,8,32 --decode-steps 16 --json "$OUT/quant-$q.json"
+      if [ "$LAST_RC" -eq 0 ]; then note "quant-$q" ok "$LAST_DT" "quant-$q.json"; else note "quant-$q" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
+    done
+  else
+    note quant-bench skipped 0 "no sala binary"
+  fi
+fi
+if want spec-costs; then
+  if have_bench; then
+    run spec-costs "$OUT/spec_costs.log" timeout 300 "$SALA" bench --random 9b --backend cuda --speculative-costs \
+      --contexts 4k,32k --decode-steps 16 --json "$OUT/spec-costs.json"
+    if [ "$LAST_RC" -eq 0 ]; then note spec-costs ok "$LAST_DT" "spec-costs.json"; else note spec-costs FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
+  else
+    note spec-costs skipped 0 "no sala binary"
+  fi
+fi
+if want serve-bench; then
+  if [ -x "$SALA" ]; then
+    SALA="$SALA" OUT="$OUT" run serve-bench "$OUT/serve_bench.log" timeout 400 bash "$ROOT/scripts/serve_bench.sh"
+    if [ "$LAST_RC" -eq 0 ]; then note serve-bench ok "$LAST_DT" "serve-bench.json"; else note serve-bench FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
+  else
+    note serve-bench skipped 0 "no sala binary"
   fi
 fi
 
