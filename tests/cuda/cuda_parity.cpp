@@ -9,6 +9,7 @@
 // differences come only from the CUDA backend's bf16 rounding points and summation order.
 // Outputs on the GPU are poisoned with NaN before each op, so an unwritten element fails.
 #include <algorithm>
+#include <deque>
 #include <array>
 #include <cmath>
 #include <cstdarg>
@@ -1216,7 +1217,18 @@ int main(int argc, char** argv) {
         {"9b-like d128 G16 bs64", 128, 2, 32, 64, 32, 16, 1, 4, 4, {300, 300, 300, 200}, 600},
         {"d32 G32 bs32", 32, 1, 32, 32, 16, 8, 1, 2, 2, {200, 200}, 200},
     };
-    for (const auto& g : geos) test_sparse(C, r, g);
+    for (const auto& g : geos) test_sparse(C, r, g);  // selection split chosen per batch (auto)
+    // Both selection paths on every geometry: one fused CTA per (token, head), and the scoring
+    // split over CTAs (3: uneven ranges; 16: splits with no tiles at short contexts).
+    std::deque<std::string> names;
+    for (int splits : {1, 3, 16}) {
+      C.gpu.set_select_splits(splits);
+      for (SparseGeo g : geos) {
+        g.name = names.emplace_back(strf("%s, select splits %d", g.name, splits)).c_str();
+        test_sparse(C, r, g);
+      }
+    }
+    C.gpu.set_select_splits(-1);
     test_graphs();
     test_engine_rollback();
     test_speculative_greedy();

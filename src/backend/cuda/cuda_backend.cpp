@@ -321,6 +321,24 @@ std::vector<float> CudaBackend::debug_pool(int which) {
 
 // ---- batch metadata ----
 
+// The selection's scoring reads every K1/K2 row of the context once per (token, KV head): at 1M
+// tokens 20 MB per head. One CTA per (token, head) is right for prefill (thousands of CTAs) but
+// leaves decode on 2·B SMs, latency-bound; there the rows are split over S CTAs (a power of two,
+// so that CUDA graphs re-capture only when S changes, each warp keeping ≥ 1 tile).
+int CudaBackend::choose_select_splits(const std::vector<cuda::SelItem>& items) const {
+  if (select_splits_knob_ >= 1) return select_splits_knob_;
+  const int64_t units = int64_t(items.size()) * spec_.kv_heads;
+  const int sms = props_.multiProcessorCount;
+  int64_t max_tiles = 0;
+  for (const cuda::SelItem& it : items) max_tiles = std::max<int64_t>(max_tiles, (it.ncol + 31) / 32);
+  constexpr int64_t kWarpsPerCta = 8;
+  if (units == 0 || units >= sms || max_tiles <= 2 * kWarpsPerCta) return 1;
+  const int64_t want = std::min<int64_t>({2 * sms / units, max_tiles / kWarpsPerCta, 128});
+  int s = 1;
+  while (2 * s <= want) s *= 2;
+  return s;
+}
+
 void CudaBackend::begin_batch(const BatchInfo& batch) {
   SALA_CHECK(batch.positions.size() == batch.tokens.size(), "batch: {} positions for {} tokens",
              batch.positions.size(), batch.tokens.size());
@@ -553,6 +571,7 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
   n_chunked_ = int(chunk_list.size());
   n_jobs_ = int(jobs.size());
   n_sel_ = int(sel_items.size());
+  sel_splits_ = choose_select_splits(sel_items);
   n_items_ = int(items.size());
   n_combine_ = int(combine.size());
   sel_items_host_ = std::move(sel_items);
@@ -563,6 +582,7 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
     sel_.reserve(std::max<size_t>(size_t(n_sel_) * kvh * std::max(kmax, 1) * 4, 256));
     scores_.reserve(std::max<size_t>(size_t(cs_total) * 4, 256));
     keys_.reserve(std::max<size_t>(size_t(keys_total) * 4, 256));
+    sel_ml_.reserve(std::max<size_t>(size_t(n_sel_) * kvh * sel_splits_ * (spec_.q_heads / kvh) * 2 * 4, 256));
     partial_.reserve(std::max<size_t>(size_t(partial_slots) * 16 * spec_.head_dim * 4, 256));
     partial_ml_.reserve(std::max<size_t>(size_t(partial_slots) * 16 * 2 * 4, 256));
   }
@@ -595,7 +615,7 @@ constexpr size_t kMaxGraphKeys = 1024;  // keys remembered (seen once / failed) 
 uint64_t CudaBackend::launch_signature() const {
   Fnv f;
   for (int64_t v : {n_tokens_, int64_t(n_seqs_), int64_t(n_rec_), int64_t(n_chunked_), int64_t(n_jobs_),
-                    int64_t(n_sel_), int64_t(n_items_), int64_t(n_combine_), int64_t(n_dense_items_),
+                    int64_t(n_sel_), int64_t(sel_splits_), int64_t(n_items_), int64_t(n_combine_), int64_t(n_dense_items_),
                     int64_t(max_blocks_), int64_t(rows_covered_), int64_t(use_gemv_), int64_t(gemv_mode_),
                     int64_t(pdl_), int64_t(gla_fma_), sparse_shared_max_blocks_})
     f(uint64_t(v));
@@ -605,7 +625,7 @@ uint64_t CudaBackend::launch_signature() const {
                         static_cast<const void*>(d_chunk_list_), static_cast<const void*>(d_jobs_),
                         static_cast<const void*>(d_sel_items_), static_cast<const void*>(d_items_),
                         static_cast<const void*>(d_combine_), static_cast<const void*>(d_dense_items_),
-                        sel_.data(), scores_.data(), keys_.data(), partial_.data(), partial_ml_.data(),
+                        sel_.data(), scores_.data(), keys_.data(), sel_ml_.data(), partial_.data(), partial_ml_.data(),
                         x_bf16_.data(), k_, v_, k1_, k2_, static_cast<const void*>(states_),
                         static_cast<const void*>(log_decay_)})
     f(p);
@@ -1015,6 +1035,8 @@ void CudaBackend::sparse_attention(int layer, const Mat& q, const Mat& k, const 
   a.pages = d_pages_;
   a.sel_items = d_sel_items_, a.n_sel_items = n_sel_;
   a.kmax = spec_.topk + spec_.local_blocks;
+  a.sel_splits = sel_splits_;
+  a.sel_ml = static_cast<float*>(sel_ml_.data());
   a.chunk_scores = static_cast<float*>(scores_.data());
   a.block_keys = static_cast<uint32_t*>(keys_.data());
   a.sel = static_cast<int32_t*>(sel_.data());

@@ -138,6 +138,9 @@ class CudaBackend final : public Backend {
   // Largest context (in blocks) for which InfLLM-v2 prefill rows use the shared-tile kernel
   // (4 tokens per CTA over the union of their blocks); -1: automatic (2 × the block budget).
   void set_sparse_shared_max_blocks(int64_t blocks) { sparse_shared_max_blocks_ = blocks; }
+  // CTAs per (token, KV head) for the block selection's scoring passes; -1 (default): chosen per
+  // batch (split when few tokens select over long contexts, e.g. decode at 1M). Tests force both.
+  void set_select_splits(int splits) { select_splits_knob_ = splits; }
 
  private:
   void gemm_cublas(const Mat& x, const Weight& w, Mat y);
@@ -148,6 +151,7 @@ class CudaBackend final : public Backend {
   void abort_capture();
   void collect_timing();
   uint64_t launch_signature() const;
+  int choose_select_splits(const std::vector<cuda::SelItem>& items) const;
 
   int device_ = 0;
   cudaDeviceProp props_{};
@@ -159,6 +163,7 @@ class CudaBackend final : public Backend {
   bool pdl_ = true;
   bool gla_fma_ = false;
   int64_t sparse_shared_max_blocks_ = -1;
+  int select_splits_knob_ = -1;
 
   // Caches.
   CacheSpec spec_;
@@ -194,7 +199,7 @@ class CudaBackend final : public Backend {
   cuda::AttnItem* d_dense_items_ = nullptr;
   int n_dense_items_ = 0;
   int32_t max_blocks_ = 0;
-  int n_seqs_ = 0, n_rec_ = 0, n_chunked_ = 0, n_jobs_ = 0, n_sel_ = 0, n_items_ = 0, n_combine_ = 0;
+  int n_seqs_ = 0, n_rec_ = 0, n_chunked_ = 0, n_jobs_ = 0, n_sel_ = 0, sel_splits_ = 1, n_items_ = 0, n_combine_ = 0;
   bool rows_covered_ = false;
 
   // Scratch.
@@ -203,6 +208,7 @@ class CudaBackend final : public Backend {
   DeviceArena sel_;        // selection lists
   DeviceArena scores_;     // stage-1 chunk scores
   DeviceArena keys_;       // pooled block keys
+  DeviceArena sel_ml_;     // per-split (max, sum) of the selection's K2 pass
   DeviceArena partial_;    // split-attention partials
   DeviceArena partial_ml_;
   DeviceArena gather_idx_;

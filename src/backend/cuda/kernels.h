@@ -190,6 +190,8 @@ struct SparseArgs {
   const SelItem* sel_items;
   int32_t n_sel_items;
   int32_t kmax;             // topk + local_blocks: stride of the selection lists
+  int32_t sel_splits;       // CTAs per (item, KV head) scoring the keys: 1 = one fused kernel
+  float* sel_ml;            // split scratch: [item][kv head][split][G] (max, sum) of K2 pass
   float* chunk_scores;      // scratch (SelItem::cs_off)
   uint32_t* block_keys;     // scratch (SelItem::key_off)
   int32_t* sel;             // [n_sel_items][kv_heads][kmax]
