@@ -18,9 +18,12 @@ std::vector<std::string> available_backends() {
   return names;
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name, int threads) {
-  if (name == "cpu") return std::make_unique<CpuBackend>(threads);
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads, bool batch_invariant) {
+  if (name == "cpu") return std::make_unique<CpuBackend>(threads, batch_invariant);
   if (name == "cuda") {
+    SALA_CHECK(!batch_invariant,
+               "--deterministic (batch-invariant numerics) is implemented on the CPU backend only: the CUDA "
+               "kernels pick different reduction orders for different batch sizes; use --backend cpu");
 #ifdef SALA_HAS_CUDA
     SALA_CHECK(cuda_device_available(), "backend 'cuda': no CUDA device is visible");
     return make_cuda_backend(0);

@@ -252,7 +252,9 @@ class Backend {
 };
 
 // Backends available in this build: "cpu", and "cuda" when compiled with CUDA.
-std::unique_ptr<Backend> make_backend(const std::string& name, int threads = 0);
+// batch_invariant: results of a row independent of the rest of the batch (CPU only; the CUDA
+// backend refuses it with an error rather than ignoring it).
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads = 0, bool batch_invariant = false);
 std::vector<std::string> available_backends();
 
 }  // namespace sala

@@ -1,7 +1,11 @@
 #include "cli/common.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
+#include <stdexcept>
+
+#include "core/error.h"
 
 namespace sala::cli {
 
@@ -9,6 +13,9 @@ void BackendOptions::add(CLI::App& app) {
   app.add_option("--backend", backend, "cpu, cuda, or auto (cuda when a GPU is present)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("-t,--threads", threads, "CPU threads (0: all cores)");
+  app.add_flag("--deterministic", deterministic,
+               "batch-invariant numerics: a sequence's output does not depend on the other sequences decoded "
+               "with it, the thread count or speculation (CPU backend; slower prefill)");
 }
 
 std::unique_ptr<Backend> BackendOptions::make() const {
@@ -17,7 +24,7 @@ std::unique_ptr<Backend> BackendOptions::make() const {
     auto names = available_backends();
     name = std::find(names.begin(), names.end(), "cuda") != names.end() ? "cuda" : "cpu";
   }
-  return make_backend(name, threads);
+  return make_backend(name, threads, deterministic);
 }
 
 LoadedModel load_model_verbose(const std::string& ref, Backend& backend, ModelLimits limits) {
@@ -29,6 +36,24 @@ LoadedModel load_model_verbose(const std::string& ref, Backend& backend, ModelLi
     std::fprintf(stderr, "weights on %s: %s\n", backend.name().c_str(),
                  describe_weight_formats(m.config, w).c_str());
   return m;
+}
+
+int64_t parse_size(std::string s) {
+  SALA_CHECK(!s.empty(), "empty size (examples: 4096, 4k, 1m)");
+  const std::string given = s;
+  int64_t mult = 1;
+  const char last = char(std::tolower(static_cast<unsigned char>(s.back())));
+  if (last == 'k') mult = 1024, s.pop_back();
+  else if (last == 'm') mult = 1024 * 1024, s.pop_back();
+  int64_t v = 0;
+  size_t used = 0;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::logic_error&) {  // invalid_argument, out_of_range
+    fail("bad size '{}' (examples: 4096, 4k, 1m)", given);
+  }
+  SALA_CHECK(used == s.size() && v > 0, "bad size '{}' (examples: 4096, 4k, 1m)", given);
+  return v * mult;
 }
 
 }  // namespace sala::cli

@@ -69,7 +69,7 @@ metric() {  # URL NAME-WITH-LABELS -> value (0 if absent)
 }
 
 # --- Main server: loading state first ------------------------------------------------------------
-start_server main --max-running 32 --ctx-size 512 --cors-origin http://example.com --debug-load-delay-ms 2500
+start_server main --deterministic --max-running 32 --ctx-size 512 --cors-origin http://example.com --debug-load-delay-ms 2500
 U=$URL_main
 code=$(req GET "$U/health" "")
 [[ $code == 503 ]] && jq -e '.status == "loading"' "$WORK/body" >/dev/null || fail "health while loading: $code $(cat "$WORK/body")"
@@ -253,7 +253,7 @@ ok "openai npm client"
 # Concurrent greedy requests (prompts of different lengths, chat and completions, streamed or not)
 # give the same outputs as on the plain server; /metrics counts drafts, acceptances, verify steps.
 for mode in self lookup; do
-  start_server "spec_$mode" --max-running 8 --ctx-size 512 --speculative "$mode" --draft-layers 2 --draft-tokens 4
+  start_server "spec_$mode" --deterministic --max-running 8 --ctx-size 512 --speculative "$mode" --draft-layers 2 --draft-tokens 4
   V=URL_spec_$mode; V=${!V}
   wait_ready "$V"
   $CLIENT "$U" compare "$V" 12 || fail "--speculative $mode changes greedy outputs"

@@ -16,7 +16,9 @@ fail() {
 
 $SALA init "$tmp/m" --preset tiny --seed 3 >/dev/null
 M=$tmp/m
-G=(--temperature 0 -n 200 --ignore-eos)
+# --deterministic: the CPU backend's batch-invariant numerics, so that "identical" is exact on any
+# CPU (OpenBLAS rounds a verify of K+1 rows differently from a 1-row decode step).
+G=(--deterministic --temperature 0 -n 200 --ignore-eos)
 P="Once upon a time there was a speculative decoder"
 
 $SALA generate "$M" "$P" "${G[@]}" >"$tmp/plain.out" 2>/dev/null
@@ -41,7 +43,7 @@ long=$(for i in $(seq 150); do printf 'token%d ' $((i % 13)); done)
 printf '%s\n' '{"prompt": "a b c"}' '{"prompt": "hello hello hello", "max_tokens": 30}' \
   "{\"prompt\": \"$long\", \"max_tokens\": 90}" '{"prompt": "the cat sat on the mat and the cat"}' \
   '{"prompt": "one two three four five", "max_tokens": 70, "repeat_penalty": 1.2}' >"$tmp/in.jsonl"
-B=(--temperature 0 -n 120 --ignore-eos)
+B=(--deterministic --temperature 0 -n 120 --ignore-eos)
 $SALA batch "$M" --prompts "$tmp/in.jsonl" --parallel 1 "${B[@]}" >"$tmp/b0.jsonl" 2>/dev/null
 for mode in self lookup; do
   $SALA batch "$M" --prompts "$tmp/in.jsonl" --parallel 3 "${B[@]}" --speculative $mode --draft-layers 2 \

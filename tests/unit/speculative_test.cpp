@@ -53,7 +53,7 @@ double rel_err(std::span<const float> a, std::span<const float> b) {
 }
 
 struct Fixture {
-  CpuBackend backend{2};
+  CpuBackend backend{2, /*batch_invariant=*/true};
   LoadedModel m;
   Fixture() { m = load_model(tiny_checkpoint().string(), backend, {.max_batch_tokens = 512, .max_logit_rows = 64}); }
   int vocab() const { return m.config.vocab_size; }
@@ -307,7 +307,7 @@ TEST(Speculative, GreedyIdenticalToPlainSparse) {
 // Logit rows for only one full verify next to the other sequence's row: drafts go to the first
 // decoding sequence, the other decodes plainly (a counted budget skip); output stays identical.
 TEST(Speculative, GreedyIdenticalUnderATightRowBudget) {
-  CpuBackend backend(2);
+  CpuBackend backend(2, /*batch_invariant=*/true);
   LoadedModel m = load_model(tiny_checkpoint().string(), backend, {.max_batch_tokens = 512, .max_logit_rows = 6});
   SamplingParams greedy;
   greedy.temperature = 0;

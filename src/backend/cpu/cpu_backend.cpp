@@ -13,6 +13,7 @@
 #include <fstream>
 #include <string>
 
+#include "backend/cpu/cpu_dot.h"
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -58,7 +59,7 @@ void check_same_shape(const Mat& a, const Mat& b, const char* op) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(int threads) : pool_(threads) {
+CpuBackend::CpuBackend(int threads, bool batch_invariant) : pool_(threads), batch_invariant_(batch_invariant) {
 #ifdef SALA_HAS_OPENBLAS
   // OpenBLAS brings its own threads for sgemm; keep it to the same count as our pool.
   openblas_set_num_threads(pool_.size());
@@ -238,24 +239,25 @@ void CpuBackend::matmul(const Mat& x, const Weight& w, Mat y) {
   if (x.rows == 0) return;
   if (w.packed()) return matmul_packed(x, w, y);
 #ifdef SALA_HAS_OPENBLAS
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(x.rows), int(w.out()), int(w.in()), 1.0f, f32(x),
-              int(x.cols), f32(w.w), int(w.in()), 0.0f, f32(y), int(y.cols));
-#else
-  // Built without OpenBLAS (configure warned): a plain threaded dot-product loop over output columns.
+  if (!batch_invariant_) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(x.rows), int(w.out()), int(w.in()), 1.0f, f32(x),
+                int(x.cols), f32(w.w), int(w.in()), 0.0f, f32(y), int(y.cols));
+    return;
+  }
+#endif
+  // Batch-invariant (or built without OpenBLAS, which configure warned about): cpu::dot per
+  // element, blocks of 16 output rows so that a block of W stays in cache across the batch rows.
   const float *a = f32(x), *b = f32(w.w);
   float* c = f32(y);
   const int64_t n = w.in();
-  pool_.parallel_for(w.out(), [&](int64_t o0, int64_t o1) {
-    for (int64_t r = 0; r < x.rows; ++r)
-      for (int64_t o = o0; o < o1; ++o) {
-        const float* ar = a + r * n;
-        const float* br = b + o * n;
-        float acc = 0;
-        for (int64_t k = 0; k < n; ++k) acc += ar[k] * br[k];
-        c[r * y.cols + o] = acc;
-      }
+  constexpr int64_t kBlock = 16;
+  pool_.parallel_for((w.out() + kBlock - 1) / kBlock, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t o0 = blk * kBlock, o1 = std::min(w.out(), o0 + kBlock);
+      for (int64_t r = 0; r < x.rows; ++r)
+        for (int64_t o = o0; o < o1; ++o) c[r * y.cols + o] = cpu::dot(a + r * x.cols, b + o * n, n);
+    }
   });
-#endif
 }
 
 void CpuBackend::rmsnorm(const Mat& x, const Weight& w, float eps, Mat y) {

@@ -12,7 +12,12 @@ namespace sala {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads = 0);
+  // batch_invariant: every matmul row through cpu::dot (fixed summation order) instead of
+  // OpenBLAS, whose kernels round differently with the number of rows and threads — so a
+  // sequence's logits do not depend on what else is in its batch (`--deterministic`). Slower
+  // prefill; decode-sized products are memory-bound either way.
+  explicit CpuBackend(int threads = 0, bool batch_invariant = false);
+  bool batch_invariant() const { return batch_invariant_; }
   std::string name() const override { return "cpu"; }
   std::string device_name() const override;  // CPU model (/proc/cpuinfo) and threads
   DType act_dtype() const override { return DType::F32; }
@@ -65,6 +70,7 @@ class CpuBackend final : public Backend {
   void matmul_packed(const Mat& x, const Weight& w, Mat y);
 
   ThreadPool pool_;
+  bool batch_invariant_ = false;
   // Bytes of live buffers from alloc() (shared with them: a buffer may outlive the backend).
   std::shared_ptr<std::atomic<int64_t>> buffer_bytes_ = std::make_shared<std::atomic<int64_t>>(0);
   CacheSpec spec_;

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_dot.h"
 #include "core/error.h"
 
 #ifdef SALA_HAS_OPENBLAS
@@ -73,17 +74,6 @@ void decode_row(const Weight& w, int64_t o, float* dst) {
   fail("cpu matmul: weight format {} is not packed", weight_format_name(w.format));
 }
 
-// Eight independent partial sums so the loop vectorises without reassociation flags.
-float dot(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int i = 0; i < 8; ++i) acc[i] += a[j + i] * b[j + i];
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; j < n; ++j) s += a[j] * b[j];
-  return s;
-}
-
 }  // namespace
 
 Weight CpuBackend::load_quantized_weight(const QuantMatrixView& q, const std::string& name) {
@@ -112,7 +102,7 @@ void CpuBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   const int64_t N = x.rows, out = w.out(), in = w.in();
   const float* a = static_cast<const float*>(x.data);
   float* c = static_cast<float*>(y.data);
-  bool rows_dot = N <= kRowDotMax;
+  bool rows_dot = N <= kRowDotMax || batch_invariant_;  // batch-invariant: no sgemm (cpu_backend.h)
 #ifndef SALA_HAS_OPENBLAS
   rows_dot = true;  // no sgemm: the per-row loop at every N
 #endif
@@ -121,7 +111,7 @@ void CpuBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
       std::vector<float> row(static_cast<size_t>(in));
       for (int64_t o = o0; o < o1; ++o) {
         decode_row(w, o, row.data());
-        for (int64_t n = 0; n < N; ++n) c[n * y.cols + o] = dot(a + n * x.cols, row.data(), in);
+        for (int64_t n = 0; n < N; ++n) c[n * y.cols + o] = cpu::dot(a + n * x.cols, row.data(), in);
       }
     });
     return;
