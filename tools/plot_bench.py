@@ -28,6 +28,7 @@ AUTHORS_DECODE = 56.0
 # the measured peak of the device (CPU: process RSS).
 MEMORY_PARTS = (("weights_bytes", "weights"), ("kv_bytes", "sparse K/V"), ("compressed_keys_bytes", "K1/K2"),
                 ("lightning_state_bytes", "lightning states"), ("workspace_bytes", "activations/workspace"))
+CACHE_PARTS = ("kv_bytes", "compressed_keys_bytes", "lightning_state_bytes")
 X_TICKS = [4 * K, 8 * K, 16 * K, 32 * K, 64 * K, 128 * K, 256 * K, 512 * K, 1024 * K]
 
 
@@ -85,7 +86,7 @@ def plot_decode(docs, out):
     ax.set_ylim(bottom=0)
     setup_axes(ax, xs, "decode tok/s (batch 1)")
     ax.set_title("decode speed vs context")
-    ax.legend(fontsize=7, loc="center right")
+    ax.legend(fontsize=7, loc="best")  # a fixed spot hid the 512K point of the 1M runs
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
@@ -123,8 +124,19 @@ def plot_memory(docs, out):
         rows = d["_rows1"]
         if not stacked and has_parts(rows):  # the first run's parts, stacked (one stack stays readable)
             x = [r["context"] for r in rows]
-            ax.stackplot(x, *[[max(r[k], 0) / div for r in rows] for k, _ in MEMORY_PARTS],
-                         labels=[f"{name} ({d.get('backend', '?')})" for _, name in MEMORY_PARTS], alpha=0.6)
+            series = [[max(r[k], 0) / div for r in rows] for k, _ in MEMORY_PARTS]
+            labels = [f"{name} ({d.get('backend', '?')})" for _, name in MEMORY_PARTS]
+            # What the device also holds, so that the stack adds up to the measured use: the part of
+            # the cache pools not yet filled (the batch-1 pool is sized for the largest context from
+            # the start) and, on CUDA, the use before the model was loaded (context, cuBLAS).
+            if all(r.get("cache_pool_bytes") is not None for r in rows):
+                series.append([max(r["cache_pool_bytes"] - sum(r[k] for k in CACHE_PARTS), 0) / div for r in rows])
+                labels.append(f"cache pool, not yet filled ({d.get('backend', '?')})")
+            before = (d.get("memory") or {}).get("before_model_used_bytes")
+            if before:
+                series.append([before / div] * len(rows))
+                labels.append(f"device use before the model ({d.get('backend', '?')})")
+            ax.stackplot(x, *series, labels=labels, alpha=0.6)
             stacked = True
         peak = [r for r in rows if memory_of(r)]
         if peak:
