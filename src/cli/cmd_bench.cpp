@@ -33,19 +33,6 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-int64_t parse_size(std::string s) {  // "4k" -> 4096, "1m" -> 1048576
-  SALA_CHECK(!s.empty(), "empty size");
-  int64_t mult = 1;
-  const char last = char(std::tolower(s.back()));
-  if (last == 'k') mult = 1024, s.pop_back();
-  else if (last == 'm') mult = 1024 * 1024, s.pop_back();
-  try {
-    return std::stoll(s) * mult;
-  } catch (const std::exception&) {
-    fail("bad size '{}' (examples: 4096, 4k, 1m)", s);
-  }
-}
-
 struct Ceilings {
   double bandwidth = 0;  // bytes/s, read + write of a large elementwise op
   double matmul = 0;     // FLOP/s of a large square matmul in the backend's activation dtype

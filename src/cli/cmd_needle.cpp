@@ -24,22 +24,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int64_t parse_size(std::string s) {  // "4k" -> 4096, "1m" -> 1048576
-  SALA_CHECK(!s.empty(), "empty size");
-  int64_t mult = 1;
-  const char last = char(std::tolower(static_cast<unsigned char>(s.back())));
-  if (last == 'k') mult = 1024, s.pop_back();
-  else if (last == 'm') mult = 1024 * 1024, s.pop_back();
-  try {
-    size_t used = 0;
-    const int64_t v = std::stoll(s, &used);
-    SALA_CHECK(used == s.size() && v > 0, "bad size '{}'", s);
-    return v * mult;
-  } catch (const std::logic_error&) {
-    fail("bad size '{}' (examples: 4096, 4k, 1m)", s);
-  }
-}
-
 double parse_depth(const std::string& s) {
   try {
     size_t used = 0;

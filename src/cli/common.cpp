@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <limits>
 #include <stdexcept>
 
 #include "core/error.h"
@@ -52,7 +53,8 @@ int64_t parse_size(std::string s) {
   } catch (const std::logic_error&) {  // invalid_argument, out_of_range
     fail("bad size '{}' (examples: 4096, 4k, 1m)", given);
   }
-  SALA_CHECK(used == s.size() && v > 0, "bad size '{}' (examples: 4096, 4k, 1m)", given);
+  SALA_CHECK(used == s.size() && v > 0 && v <= std::numeric_limits<int64_t>::max() / mult,
+             "bad size '{}' (examples: 4096, 4k, 1m)", given);
   return v * mult;
 }
 

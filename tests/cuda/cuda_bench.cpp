@@ -18,6 +18,10 @@
 
 using namespace sala;
 
+namespace sala::cuda {
+void set_qgemv_tuning(int nt_variant, bool trigger);  // quant_gemv.cu (tests and benchmarks)
+}
+
 namespace {
 
 struct Result {
@@ -144,8 +148,9 @@ int run_bench(int argc, char** argv) {
   }
 
   // Packed weights (docs/quantization.md): decode GEMV reading the packed bytes (codes + scales,
-  // Weight::nbytes) per format, against the copy ceiling; warps per CTA auto / 4 / 16; and the
-  // prefill path (row blocks dequantized to bf16 + cuBLAS) at N = 512 against the GEMM peak.
+  // Weight::nbytes) per format, against the copy ceiling; warps per CTA auto / 4 / 16, without
+  // the early dependent launch (nodep), batched decode N = 16, 32 (with the bf16 cuBLAS time for
+  // the same shape); and the prefill path (row blocks dequantized to bf16 + cuBLAS) at N = 512 against the GEMM peak.
   {
     struct F {
       const char* name;
@@ -163,23 +168,45 @@ int run_bench(int argc, char** argv) {
         const int copies = int(std::max<size_t>(1, (size_t(256) << 20) / wbytes));
         for (int c = 1; c < copies; ++c) ws.push_back(be.random_quantized_weight(f.f, s.out, s.in, group, 0.02f, 11 + c));
         const std::string shape = std::to_string(s.out) + "x" + std::to_string(s.in);
-        for (int n : {1, 2, 8})
-          for (int mode : {0, 2, 3}) {  // automatic (8 warps for out <= 8192, else 4), 4, 16 warps
-            if (n == 2 && mode != 0) continue;
+        for (int n : {1, 2, 8, 16, 32})
+          for (int mode : {0, 1, 2, 3}) {  // automatic (8 warps for out <= 8192, else 4), nodep, 4, 16 warps
+            if (n != 1 && n != 8 && mode != 0) continue;
+            if (n > 8 && (mode != 0 || s.out == 73448)) continue;
             auto xb = be.alloc(size_t(n * s.in) * 2), yb = be.alloc(size_t(n * s.out) * 4);
             Mat x = xb->mat(DType::BF16, n, s.in),
                 y = yb->mat(n == 1 && s.out == 73448 ? DType::F32 : DType::BF16, n, s.out);
             auto xh = host_rand(size_t(n * s.in), 1.f, 5);
             be.upload(x, xh.data());
-            be.set_gemv_mode(mode);
+            be.set_gemv_mode(mode == 1 ? 0 : mode);
+            // nodep: no early launch of the next kernel (griddepcontrol.launch_dependents), so that
+            // back-to-back calls do not overlap: the time of one call alone.
+            sala::cuda::set_qgemv_tuning(0, mode != 1);
             const double us = time_us(be, 20, [&](int i) { be.matmul(x, ws[size_t(i % copies)], y); });
+            sala::cuda::set_qgemv_tuning(0, true);
             be.set_gemv_mode(0);
             const double gb = double(wbytes) / (us * 1e-6) / 1e9;
-            const char* mn[] = {"auto", "", "w4", "w16"};
+            const char* mn[] = {"auto", "nodep", "w4", "w16"};
             add({std::string("qgemv ") + f.name + " " + mn[mode] + " N=" + std::to_string(n) + " " + shape + " (" +
                      std::to_string(wbytes >> 20) + " MiB)",
                  us, gb, 2.0 * n * s.out * s.in / (us * 1e-6) / 1e12, gb / bw});
           }
+        if (s.out != 73448 && f.f == WeightFormat::Q4) {
+          // bf16 reference at batched decode sizes (cuBLAS): the packed GEMV must not be slower.
+          const size_t bbytes = size_t(s.out * s.in) * 2;
+          const int bcopies = int(std::max<size_t>(1, (size_t(256) << 20) / bbytes));
+          std::vector<Weight> bw16;
+          for (int c = 0; c < bcopies; ++c) bw16.push_back(be.random_weight(s.out, s.in, 0.f, 0.02f, 11 + c));
+          for (int n : {16, 32}) {
+            auto xb = be.alloc(size_t(n * s.in) * 2), yb = be.alloc(size_t(n * s.out) * 2);
+            Mat x = xb->mat(DType::BF16, n, s.in), y = yb->mat(DType::BF16, n, s.out);
+            auto xh = host_rand(size_t(n * s.in), 1.f, 5);
+            be.upload(x, xh.data());
+            const double us = time_us(be, 20, [&](int i) { be.matmul(x, bw16[size_t(i % bcopies)], y); });
+            const double gb = double(bbytes) / (us * 1e-6) / 1e9;
+            add({"qgemv ref: bf16 matmul N=" + std::to_string(n) + " " + shape, us, gb,
+                 2.0 * n * s.out * s.in / (us * 1e-6) / 1e12, gb / bw});
+          }
+        }
         if (s.out != 73448) {
           const int64_t n = 512;
           auto xb = be.alloc(size_t(n * s.in) * 2), yb = be.alloc(size_t(n * s.out) * 2);

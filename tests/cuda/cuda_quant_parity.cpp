@@ -1,7 +1,8 @@
 // Packed weights on the GPU (called from cuda_parity.cpp's main): the CUDA packed matmul against
-// the CPU packed matmul (the f32 reference) for every format at N = 1, 2, 8 (decode GEMV, every
-// warp count), 16, 24 (GEMV launches of 8 rows or cuBLAS) and 64, 512 (bf16 dequantization +
-// cuBLAS), x/y dtypes; the device tiling against
+// the CPU packed matmul (the f32 reference) for every format at N = 1, 2, 3, 8 (decode GEMV, one
+// n-tile, every warp count), 9, 16, 17, 24, 25, 32 (2 or 4 n-tiles per decoded weight, one or two
+// row blocks per CTA), 33, 64 (several GEMV launches) and 512 (bf16 dequantization + cuBLAS), x/y
+// dtypes; the device tiling against
 // the host's (quant_layout.h); random packed weights; load errors; whole quantized models (CPU vs
 // GPU, packed vs dequantized, CUDA graphs on vs off).
 #include <algorithm>
@@ -33,6 +34,10 @@
 
 using namespace sala;
 namespace fs = std::filesystem;
+
+namespace sala::cuda {
+void set_qgemv_tuning(int nt_variant, bool trigger);  // quant_gemv.cu (tests and benchmarks)
+}
 
 namespace {
 
@@ -123,7 +128,9 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
     int64_t out, in;
     bool big;
   };
-  const S shapes[] = {{64, 64 * 3, false}, {200, 384, false}, {129, 768, false}, {4096, 4096, true}, {1000, 16384, true}};
+  // 72×200: per-row formats whose last tile is partial (200 % 32 != 0).
+  const S shapes[] = {{64, 64 * 3, false}, {200, 384, false}, {129, 768, false},
+                      {72, 200, false},    {4096, 4096, true}, {1000, 16384, true}};
   for (const Fmt& f : kFormats)
     for (const S& s : shapes) {
       if (f.group && s.in % f.group) continue;
@@ -151,23 +158,35 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
         check(host == dev && hp == dp, strf("packed tiles %s %s == host layout", f.name, shape.c_str()),
               strf("%zu code bytes, %zu params", host.size(), hp.size()));
       }
-      for (int64_t n : {1, 2, 8, 16, 24, 64, 512}) {  // 16, 24: several GEMV launches (q4) or cuBLAS
-        if (s.big && (n == 64 || n == 24)) continue;
+      for (int64_t n : {1, 2, 3, 8, 9, 16, 17, 24, 25, 32, 33, 64, 512}) {
+        if (s.big && (n == 3 || n == 16 || n == 24 || n == 25 || n == 64)) continue;
         const auto x = randn(size_t(n * s.in), 7 + uint64_t(n));
         const auto ref = run_matmul(cpu, wc, x, n, DType::F32, DType::F32);
-        // GEMV with f32 output: exact products of exact bf16 values, fp32 sums: tight. cuBLAS
-        // multiplies the bf16-rounded dequantized weight: bf16 tolerance.
-        const double tol32 = n <= 8 ? (pm.format == WeightFormat::Q4 ? 5e-5 : 2e-5) : 1e-2;
+        // GEMV (N ≤ 64) with f32 output: exact products of exact bf16 values, fp32 sums: tight.
+        // cuBLAS multiplies the bf16-rounded dequantized weight: bf16 tolerance.
+        const double tol32 = n <= 64 ? (pm.format == WeightFormat::Q4 ? 5e-5 : 2e-5) : 1e-2;
         double e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::F32), ref);
         check(e < tol32, strf("packed matmul %s N=%lld %s y:f32", f.name, (long long)n, shape.c_str()),
               strf("rel %.2e", e));
         e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::BF16), ref);
         check(e < 1e-2, strf("packed matmul %s N=%lld %s y:bf16", f.name, (long long)n, shape.c_str()),
               strf("rel %.2e", e));
-        if (n <= 8 && !s.big) {
+        if (n <= 32 && !s.big) {
           e = rel_err(run_matmul(gpu, wg, x, n, DType::F32, DType::F32), ref);  // x converted to bf16 first
           check(e < tol32, strf("packed matmul %s N=%lld %s x:f32", f.name, (long long)n, shape.c_str()),
                 strf("rel %.2e", e));
+        }
+        if (n > 8 && n <= 32) {
+          for (int v : {1, 2}) {  // one or two row blocks per CTA (automatic: two from 1024 row blocks)
+            cuda::set_qgemv_tuning(v, v == 1);  // (and without / with the early dependent launch)
+            e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::F32), ref);
+            cuda::set_qgemv_tuning(0, true);
+            check(e < tol32, strf("packed matmul %s N=%lld %s %d row block(s)/CTA", f.name, (long long)n,
+                                  shape.c_str(), v),
+                  strf("rel %.2e", e));
+          }
+        }
+        if (n <= 8 && !s.big) {
           for (int mode : {2, 3}) {  // 4 and 16 warps per CTA (automatic picks 8 or 4)
             gpu.set_gemv_mode(mode);
             e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::F32), ref);

@@ -516,6 +516,15 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
     }
   }
 
+  // Token groups of the fused selection: up to kSelectGroupTokens consecutive items of one sequence
+  // share a CTA, so that its K1/K2 tiles are read once for all of them (select.cu).
+  std::vector<int32_t> sel_groups;
+  for (size_t i = 0; i < sel_items.size(); ++i)
+    if (sel_groups.empty() || int64_t(i) - sel_groups.back() == cuda::kSelectGroupTokens ||
+        sel_items[i].seq != sel_items[size_t(sel_groups.back())].seq)
+      sel_groups.push_back(int32_t(i));
+  sel_groups.push_back(int32_t(sel_items.size()));
+
   // One upload of everything.
   size_t off = 0;
   auto place = [&](size_t bytes) {
@@ -527,7 +536,7 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
   const size_t o_seq = place(seqs.size() * sizeof(cuda::SeqMeta)), o_pages = place(pages.size() * 4);
   const size_t o_rd = place(row_dst.size() * 8), o_rec = place(rec_list.size() * 4);
   const size_t o_chk = place(chunk_list.size() * 4), o_jobs = place(jobs.size() * sizeof(cuda::CompressJob));
-  const size_t o_sel = place(sel_items.size() * sizeof(cuda::SelItem));
+  const size_t o_sel = place(sel_items.size() * sizeof(cuda::SelItem)), o_grp = place(sel_groups.size() * 4);
   const size_t o_items = place(items.size() * sizeof(cuda::AttnItem)), o_comb = place(combine.size() * 4);
   const size_t o_dense = place(dense_items.size() * sizeof(cuda::AttnItem));
   const size_t total = std::max<size_t>(off, 256);
@@ -546,6 +555,7 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
   put(o_chk, chunk_list.data(), chunk_list.size() * 4);
   put(o_jobs, jobs.data(), jobs.size() * sizeof(cuda::CompressJob));
   put(o_sel, sel_items.data(), sel_items.size() * sizeof(cuda::SelItem));
+  put(o_grp, sel_groups.data(), sel_groups.size() * 4);
   put(o_items, items.data(), items.size() * sizeof(cuda::AttnItem));
   put(o_comb, combine.data(), combine.size() * 4);
   put(o_dense, dense_items.data(), dense_items.size() * sizeof(cuda::AttnItem));
@@ -561,6 +571,8 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
   d_chunk_list_ = reinterpret_cast<int32_t*>(d + o_chk);
   d_jobs_ = reinterpret_cast<cuda::CompressJob*>(d + o_jobs);
   d_sel_items_ = reinterpret_cast<cuda::SelItem*>(d + o_sel);
+  d_sel_groups_ = reinterpret_cast<int32_t*>(d + o_grp);
+  n_sel_groups_ = int(sel_groups.size()) - 1;
   d_items_ = reinterpret_cast<cuda::AttnItem*>(d + o_items);
   d_combine_ = reinterpret_cast<int32_t*>(d + o_comb);
   d_dense_items_ = reinterpret_cast<cuda::AttnItem*>(d + o_dense);
@@ -615,7 +627,7 @@ constexpr size_t kMaxGraphKeys = 1024;  // keys remembered (seen once / failed) 
 uint64_t CudaBackend::launch_signature() const {
   Fnv f;
   for (int64_t v : {n_tokens_, int64_t(n_seqs_), int64_t(n_rec_), int64_t(n_chunked_), int64_t(n_jobs_),
-                    int64_t(n_sel_), int64_t(sel_splits_), int64_t(n_items_), int64_t(n_combine_), int64_t(n_dense_items_),
+                    int64_t(n_sel_), int64_t(n_sel_groups_), int64_t(sel_splits_), int64_t(n_items_), int64_t(n_combine_), int64_t(n_dense_items_),
                     int64_t(max_blocks_), int64_t(rows_covered_), int64_t(use_gemv_), int64_t(gemv_mode_),
                     int64_t(pdl_), int64_t(gla_fma_), sparse_shared_max_blocks_})
     f(uint64_t(v));
@@ -623,7 +635,8 @@ uint64_t CudaBackend::launch_signature() const {
                         static_cast<const void*>(d_seqs_), static_cast<const void*>(d_pages_),
                         static_cast<const void*>(d_row_dst_), static_cast<const void*>(d_rec_list_),
                         static_cast<const void*>(d_chunk_list_), static_cast<const void*>(d_jobs_),
-                        static_cast<const void*>(d_sel_items_), static_cast<const void*>(d_items_),
+                        static_cast<const void*>(d_sel_items_), static_cast<const void*>(d_sel_groups_),
+                        static_cast<const void*>(d_items_),
                         static_cast<const void*>(d_combine_), static_cast<const void*>(d_dense_items_),
                         sel_.data(), scores_.data(), keys_.data(), sel_ml_.data(), partial_.data(), partial_ml_.data(),
                         x_bf16_.data(), k_, v_, k1_, k2_, static_cast<const void*>(states_),
@@ -1035,6 +1048,7 @@ void CudaBackend::sparse_attention(int layer, const Mat& q, const Mat& k, const 
   a.pages = d_pages_;
   a.sel_items = d_sel_items_, a.n_sel_items = n_sel_;
   a.kmax = spec_.topk + spec_.local_blocks;
+  a.sel_groups = d_sel_groups_, a.n_sel_groups = n_sel_groups_;
   a.sel_splits = sel_splits_;
   a.sel_ml = static_cast<float*>(sel_ml_.data());
   a.chunk_scores = static_cast<float*>(scores_.data());

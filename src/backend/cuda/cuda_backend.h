@@ -194,12 +194,13 @@ class CudaBackend final : public Backend {
   int32_t* d_chunk_list_ = nullptr;
   cuda::CompressJob* d_jobs_ = nullptr;
   cuda::SelItem* d_sel_items_ = nullptr;
+  int32_t* d_sel_groups_ = nullptr;  // first item of each prefill token group (+ end)
   cuda::AttnItem* d_items_ = nullptr;
   int32_t* d_combine_ = nullptr;
   cuda::AttnItem* d_dense_items_ = nullptr;
   int n_dense_items_ = 0;
   int32_t max_blocks_ = 0;
-  int n_seqs_ = 0, n_rec_ = 0, n_chunked_ = 0, n_jobs_ = 0, n_sel_ = 0, sel_splits_ = 1, n_items_ = 0, n_combine_ = 0;
+  int n_seqs_ = 0, n_rec_ = 0, n_chunked_ = 0, n_jobs_ = 0, n_sel_ = 0, n_sel_groups_ = 0, sel_splits_ = 1, n_items_ = 0, n_combine_ = 0;
   bool rows_covered_ = false;
 
   // Scratch.

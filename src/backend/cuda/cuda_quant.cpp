@@ -1,8 +1,9 @@
 // CUDA backend: packed weights (docs/quantization.md). Loading uploads the canonical codes and
 // tiles them on the device (quant_layout.h), random packed weights are generated on the device,
-// and matmul runs the packed decode GEMV for small N (quant_gemv.cu) and, above, dequantizes row
-// blocks into a fixed bf16 scratch that cuBLAS multiplies (prefill is compute bound: the extra
-// pass costs ~2.6 bytes per weight against 2·N FLOPs per weight of tensor-core work).
+// and matmul runs the packed decode GEMV for N ≤ 64 (q8/fp8) / 128 (q4) (quant_gemv.cu) and,
+// above, dequantizes row blocks into a fixed bf16 scratch that cuBLAS multiplies (prefill is
+// compute bound: the extra pass costs ~2.6 bytes per weight against 2·N FLOPs per weight of
+// tensor-core work).
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -111,21 +112,22 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   }
   const cuda::Dt ydt = y.dtype == DType::BF16 ? cuda::kBF16 : cuda::kF32;
   const size_t ysize = dtype_size(y.dtype);
-  // Decode GEMV, 8 rows per launch. Above 8 rows, more launches re-read the packed bytes: worth it
-  // while they still read no more than the bf16 weight would (2 bytes per weight): up to 24 rows of
-  // q4 (0.63 B/weight), 16 of q8/fp8 (1 B/weight); beyond, dequantization + cuBLAS.
-  const int64_t launches = (N + 7) / 8;
-  const double packed_bpw = double(w.packed_bytes) / (double(out) * double(in));
-  if (use_gemv_ && (N <= 8 || double(launches) * packed_bpw <= 2.0)) {
+  // Decode GEMV, up to 32 rows per launch (each decoded weight feeds 4 n-tiles of 8). Beyond, more
+  // launches re-read the packed bytes: worth it while their codes add up to no more than a bf16
+  // weight (2 bytes): up to 128 rows of q4, 64 of q8/fp8 — still ≥ 2× fewer bytes than the
+  // dequantize + cuBLAS path below (packed + 2 written + 2 read per weight).
+  const int64_t launches = (N + 31) / 32;
+  const double code_bytes = w.format == WeightFormat::Q4 ? 0.5 : 1.0;
+  if (use_gemv_ && double(launches) * code_bytes <= 2.0) {
     // gemv_mode_ 2/3 pick 4/16 warps per CTA as for the bf16 GEMV; otherwise automatic.
     const int warps = gemv_mode_ == 2 ? 4 : gemv_mode_ == 3 ? 16 : 0;
-    for (int64_t n0 = 0; n0 < N; n0 += 8)
+    for (int64_t n0 = 0; n0 < N; n0 += 32)
       cuda::launch_qgemv(q, static_cast<const uint8_t*>(xb) + size_t(n0 * in) * 2, in,
                          static_cast<uint8_t*>(y.data) + size_t(n0 * y.cols) * ysize, ydt, y.cols,
-                         int(std::min<int64_t>(8, N - n0)), warps, pdl_ && props_.major >= 9, stream_);
+                         int(std::min<int64_t>(32, N - n0)), warps, pdl_ && props_.major >= 9, stream_);
     return;
   }
-  // N > 8: row blocks dequantized to bf16 [rows, in] in the fixed scratch, then cuBLAS writes
+  // Larger N: row blocks dequantized to bf16 [rows, in] in the fixed scratch, then cuBLAS writes
   // y[:, o0 : o0 + rows] (column-major view: yᵀ[o0 + r, n] at y + o0 with leading dimension y.cols).
   const int64_t block = std::max<int64_t>(16, int64_t(qscratch_.capacity() / (size_t(in) * 2)) / 16 * 16);
   const float alpha = 1.0f, beta = 0.0f;

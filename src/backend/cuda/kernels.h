@@ -29,6 +29,8 @@ struct AttnItem {
 };
 
 // One (token row, all KV heads) that needs InfLLM-v2 block selection.
+constexpr int kSelectGroupTokens = 4;  // prefill selection: tokens of one sequence per scoring CTA
+
 struct SelItem {
   int32_t seq, row, p, T;
   int32_t ncol;       // stage-1 columns computed: min(n1(p+1), scored_columns(qb))
@@ -190,6 +192,8 @@ struct SparseArgs {
   const SelItem* sel_items;
   int32_t n_sel_items;
   int32_t kmax;             // topk + local_blocks: stride of the selection lists
+  const int32_t* sel_groups;  // fused path: first item of each token group, then n_sel_items
+  int32_t n_sel_groups;
   int32_t sel_splits;       // CTAs per (item, KV head) scoring the keys: 1 = one fused kernel
   float* sel_ml;            // split scratch: [item][kv head][split][G] (max, sum) of K2 pass
   float* chunk_scores;      // scratch (SelItem::cs_off)

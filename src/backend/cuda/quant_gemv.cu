@@ -2,36 +2,50 @@
 // directly, the dequantization of row blocks to bf16 for the cuBLAS prefill path, the tiling of
 // canonical codes at load, and random packed weights for benchmarks. Layout: quant_layout.h.
 //
-// Speed of light (decode, N ≤ 8): the packed bytes once per call. Per weight, 9B geometry:
+// Speed of light (decode, N ≤ 32 rows per launch): the packed bytes once per call. Per weight:
 //   Q4 group 64: 0.5 B codes + 8 B (s, b as f32) / 64 = 0.625 B   (bf16: 2 B → 3.2× less)
 //   Q8 / FP8 per row: 1 B + 8 B per row ≈ 1.0 B                     (2× less)
-//   4096×4096 Q4: 10.5 MB → 3.1 µs at 3.35 TB/s; 16384×4096: 42 MB → 12.5 µs.
-// At these sizes launch and ramp (~2-3 µs) weigh more than for bf16, so PDL (prefetch of the
-// first tiles into L2 before griddepcontrol.wait) matters more.
+//   H200 (4.8 TB/s, 132 SMs at ~1.75 GHz): 20.8 B/clk/SM → one 512-byte code tile per ~25 clk
+//   (8-bit) or per ~31 clk with its 128 bytes of Q4 group params. 4096×4096 Q4 is 10.5 MB →
+//   2.2 µs, about twice the ~1 µs load latency under load: small matrices are latency bound, so
+//   every byte should be requested at once (each SM owns ~80 KB of it).
 //
-// Kernel: a CTA owns 16 output rows (one row block); its W warps take the row block's 512-byte
-// tiles in turn, kU tiles in flight per lane (one 16-byte load each). Per mma.sync.m16n8k16 a lane
-// decodes its codes for rows g and g+8 into the bf16 A fragment with bit tricks (exact: every
-// code value is a bf16), x (bf16, the B fragment) is one 8-byte load, and the products of the
-// integer codes accumulate in fp32 (cq). Scales and biases are applied in fp32 when a group ends:
-//   y += s·Σ x·q + b·Σ x,   Σ x from a second mma with an all-ones A (cx; none for FP8).
-// Q4 decodes 128 + q (one lop3 per two values, no subtraction): its bias becomes b − 128·s (the
-// cancellation of 128·Σx costs ~3 bits of the fp32 sums: ~3e-6 relative, far under bf16 rounding).
-// FP8 decodes e4m3·2^-8 through f16 (exact, subnormals included): its scale becomes 256·s.
-// Instruction budget per 16-byte piece (a lane, Q4): 4 words → 16 lop3/shift, 8 mma, ≤ 8 FMA —
-// well under the ALU rate that 3.35 TB/s of Q4 needs (2 values per byte); Q8/FP8 spend ~2.5 ALU
-// ops per value (one byte), also under it.
+// Kernel: a CTA owns R row blocks of 16 rows (R = 1, or 2 for N > 8); its W warps take the
+// tiles in turn, U tiles per stage and two stages in flight: the codes and params of stage s+1
+// (and, before griddepcontrol.wait, of stages 0 and 1: weights never depend on the previous
+// kernel) are in registers while stage s is decoded (~2·U·R·640 B per warp, ~80 KB per SM for
+// Q4 at N ≤ 8). Per mma.sync.m16n8k16 a lane decodes its codes for rows g and g+8 into the
+// bf16 A fragment (exact: every code value is a bf16), once for all NT = ⌈N/8⌉ n-tiles; x (bf16,
+// the B fragments) is one 8-byte load per mma and n-tile, shared by the R row blocks, and the
+// products of the integer codes accumulate in fp32 (cq). Scales and biases are applied in fp32
+// when a group ends:  y += s·Σ x·q + b·Σ x,  Σ x from an mma with an all-ones A (cx; shared by
+// the R row blocks, none for FP8). Q4 decodes 128 + q (one lop3 per two values): its bias becomes
+// b − 128·s (the cancellation of 128·Σx costs ~3 bits of the fp32 sums: ~3e-6 relative, far under
+// bf16 rounding). FP8 goes through the sm_89+ e4m3x2 → f16x2 conversion (exact; older targets
+// shift the e4m3 bits into an f16, e4m3·2^-8, and scale by 256).
+// Instruction budget per 512-byte tile and warp (Q4, N ≤ 8): 1 code + 1 param 16-byte load,
+// 4 x loads, 28 lop3/shift, 8 mma, 10 FMA ≈ 55, against ~31 clk × 4 schedulers per SM at full
+// bandwidth; the integer pipe (half rate) runs ~45% busy. Q8: ~40 decode ops per tile (PRMT,
+// FADD) against ~25 clk; FP8 ~32.
+// The launch lets the next PDL kernel start (griddepcontrol.launch_dependents) once every CTA is
+// resident: its weights then stream in while this grid's last CTAs drain.
 #include "core/rng.h"
 #include "backend/cuda/common.cuh"
 #include "backend/quant_layout.h"
 
 namespace sala::cuda {
 
+// Tuning knobs for tests and benchmarks (not for production use): nt_variant picks the row
+// blocks per CTA for N > 8 (0: automatic, 1: one, 2: two); trigger = false launches no dependent
+// early. Declared where used (cuda_quant_parity.cpp, cuda_bench.cpp).
+void set_qgemv_tuning(int nt_variant, bool trigger);
+
 namespace {
 
 using namespace qlayout;
 
-constexpr int kU = 4;  // tiles in flight per lane and iteration
+int g_nt_variant = 0;
+bool g_trigger = true;
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -41,10 +55,50 @@ __device__ __forceinline__ float2 f16x2_to_float2(uint32_t h) {
   return make_float2(__half2float(__ushort_as_half(uint16_t(h & 0xffffu))), __half2float(__ushort_as_half(uint16_t(h >> 16))));
 }
 
-__device__ __forceinline__ uint32_t f16x2_to_bf16x2(uint32_t h) {
-  const float2 f = f16x2_to_float2(h);
-  return pack_bf16x2(f.x, f.y);  // exact: e4m3·2^-8 has 4 significant bits
+// Two f32 values with at most 8 significant bits (their low 16 bits are zero) as a bf16x2: exact.
+__device__ __forceinline__ uint32_t pack_exact_bf16x2(float lo, float hi) {
+  return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
 }
+
+// Weights are read once: 16-byte loads that bypass L1 (x, which every row block re-reads, stays).
+// volatile keeps the loads issued before griddepcontrol.wait where the code puts them.
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ float4 ld_param(const float4* p) {
+  float4 v;
+  asm volatile("ld.global.nc.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  return v;
+}
+
+// Lets the next kernel in the stream (launched with programmatic serialization) start; its
+// griddepcontrol.wait still waits for this whole grid to complete.
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// FP8: e4m3 bytes 2h, 2h+1 of a word as a bf16x2 of the exact values times kFp8Unit.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+constexpr float kFp8Unit = 1.f;
+__device__ __forceinline__ uint32_t fp8x2_bf16x2(uint32_t word, int h) {
+  uint32_t f16x2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(f16x2) : "h"(uint16_t(word >> (16 * h))));
+  const float2 f = f16x2_to_float2(f16x2);
+  return pack_exact_bf16x2(f.x, f.y);  // ≤ 4 significant bits
+}
+#else
+constexpr float kFp8Unit = 1.f / 256.f;  // e4m3·2^-8 through f16 bits (quant_layout.h)
+__device__ __forceinline__ uint32_t fp8x2_bf16x2(uint32_t word, int h) {
+  const float2 f = f16x2_to_float2(fp8_f16x2(word, h));
+  return pack_exact_bf16x2(f.x, f.y);
+}
+#endif
 
 // The A fragment (a0: row g k0,k1; a1: row g+8 k0,k1; a2: row g k2,k3; a3: row g+8 k2,k3) of
 // mma j from a lane's 16-byte piece.
@@ -56,125 +110,191 @@ __device__ __forceinline__ void decode_a(const uint4& c, int j, uint32_t a[4]) {
     for (int p = 0; p < 4; ++p) a[p] = q4_bf16x2(w, p);
   } else if constexpr (FMT == kQ8) {
     const uint32_t wg = word_of(c, 2 * j), wg8 = word_of(c, 2 * j + 1);
-    a[0] = pack_bf16x2(q8_f32(wg, 0), q8_f32(wg, 1));
-    a[1] = pack_bf16x2(q8_f32(wg8, 0), q8_f32(wg8, 1));
-    a[2] = pack_bf16x2(q8_f32(wg, 2), q8_f32(wg, 3));
-    a[3] = pack_bf16x2(q8_f32(wg8, 2), q8_f32(wg8, 3));
+    a[0] = pack_exact_bf16x2(q8_f32(wg, 0), q8_f32(wg, 1));
+    a[1] = pack_exact_bf16x2(q8_f32(wg8, 0), q8_f32(wg8, 1));
+    a[2] = pack_exact_bf16x2(q8_f32(wg, 2), q8_f32(wg, 3));
+    a[3] = pack_exact_bf16x2(q8_f32(wg8, 2), q8_f32(wg8, 3));
   } else {
     const uint32_t wg = word_of(c, 2 * j), wg8 = word_of(c, 2 * j + 1);
-    a[0] = f16x2_to_bf16x2(fp8_f16x2(wg, 0));
-    a[1] = f16x2_to_bf16x2(fp8_f16x2(wg8, 0));
-    a[2] = f16x2_to_bf16x2(fp8_f16x2(wg, 1));
-    a[3] = f16x2_to_bf16x2(fp8_f16x2(wg8, 1));
+    a[0] = fp8x2_bf16x2(wg, 0);
+    a[1] = fp8x2_bf16x2(wg8, 0);
+    a[2] = fp8x2_bf16x2(wg, 1);
+    a[3] = fp8x2_bf16x2(wg8, 1);
   }
 }
 
-template <typename YT>
-__device__ __forceinline__ void store_y(YT* p, float v);
-template <>
-__device__ __forceinline__ void store_y<bf16>(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
-template <>
-__device__ __forceinline__ void store_y<float>(float* p, float v) { *p = v; }
+// d = a·b + c (c may be a literal zero: the compiler then feeds RZ).
+__device__ __forceinline__ void mma_acc(float d[4], const uint32_t a[4], uint2 b) { mma16816(d, a, b.x, b.y); }
 
-template <int FMT, int W, typename YT>
-__global__ void __launch_bounds__(W * 32) qgemv_kernel(QWeight w, const bf16* __restrict__ x, int64_t ldx,
-                                                        YT* __restrict__ y, int64_t ldy, int N) {
+// Tiles k = s·W·U + warp + W·u (u < U) form stage s of a warp; a CTA's warps read W·U
+// consecutive tiles of each of its row blocks per stage.
+template <int FMT, int NT, int R, int U, int W>
+__global__ void __launch_bounds__(W * 32) qgemv_kernel(QWeight w, const bf16* __restrict__ x, int ldx,
+                                                        void* __restrict__ yv, int ldy, int N, int y_f32,
+                                                        int trigger) {
   constexpr int KT = tile_k(FMT), MT = KT / 16;
   constexpr bool kBias = FMT != kFP8;
-  __shared__ float red[W][16][8];
+  __shared__ float red[W][R * 16][NT * 8];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t rb = blockIdx.x, in = w.in, G = w.group;
-  const int64_t ktiles = (in + KT - 1) / KT, groups = in / G;
-  const uint4* codes = static_cast<const uint4*>(w.codes) + rb * ktiles * 32 + lane;
-  const float4* params = reinterpret_cast<const float4*>(w.params) + rb * groups * 8 + g;
+  const int in = int(w.in), G = int(w.group), ktiles = (in + KT - 1) / KT, groups = in / G;
+  const int rbs = int((w.out + 15) / 16), rb0 = int(blockIdx.x) * R;
+  const uint4* codes[R];
+  const float4* params[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int rb = min(rb0 + r, rbs - 1);  // a missing second row block re-reads the last one (not stored)
+    codes[r] = static_cast<const uint4*>(w.codes) + size_t(rb) * size_t(ktiles) * 32 + lane;
+    params[r] = reinterpret_cast<const float4*>(w.params) + size_t(rb) * size_t(groups) * 8 + g;
+  }
   const bool per_row = G == in;                     // one flush at the end
   const bool tile_group = !per_row && G % KT == 0;  // every tile inside one group: flush per tile
   // Group of tile k: k / (G / KT) — a shift when that is a power of two (no division per tile).
   const uint32_t tpg = tile_group ? uint32_t(G / KT) : 1u, G32 = uint32_t(G);
   const int tpg_shift = (tpg & (tpg - 1)) == 0 ? __ffs(int(tpg)) - 1 : -1;
-  const bool xv = g < N;
-  const bf16* xr = x + (xv ? g : 0) * ldx + 4 * t;
-  const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};  // bf16 1.0
-  float cf[4] = {0.f, 0.f, 0.f, 0.f}, cq[4] = {0.f, 0.f, 0.f, 0.f}, cx[4] = {0.f, 0.f, 0.f, 0.f};
+  const int step = W * U, stages = (ktiles + step - 1) / step;
 
-  auto flush = [&](const float4 p) {
-    float s0 = p.x, b0 = p.y, s1 = p.z, b1 = p.w;
-    if constexpr (FMT == kFP8) s0 *= 256.f, s1 *= 256.f;
-    if constexpr (FMT == kQ4) b0 = fmaf(-128.f, s0, b0), b1 = fmaf(-128.f, s1, b1);
-    cf[0] = fmaf(s0, cq[0], cf[0]);
-    cf[1] = fmaf(s0, cq[1], cf[1]);
-    cf[2] = fmaf(s1, cq[2], cf[2]);
-    cf[3] = fmaf(s1, cq[3], cf[3]);
-    if constexpr (kBias) {
-      cf[0] = fmaf(b0, cx[0], cf[0]);
-      cf[1] = fmaf(b0, cx[1], cf[1]);
-      cf[2] = fmaf(b1, cx[2], cf[2]);
-      cf[3] = fmaf(b1, cx[3], cf[3]);
-    }
+  uint4 cwA[R][U], cwB[R][U];
+  float4 ptA[R][U], ptB[R][U];
+  const uint4 zero4 = make_uint4(0, 0, 0, 0);
+  const float4 zero4f = make_float4(0.f, 0.f, 0.f, 0.f);
+  auto load = [&](int s, uint4 (&cw)[R][U], float4 (&pt)[R][U]) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) cq[i] = cx[i] = 0.f;
+    for (int u = 0; u < U; ++u) {
+      const int k = s * step + warp + W * u;
+      const bool ok = k < ktiles;
+      const uint32_t gi = tpg_shift >= 0 ? uint32_t(k) >> tpg_shift : uint32_t(k) / tpg;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        cw[r][u] = ok ? ld_stream(codes[r] + k * 32) : zero4;
+        pt[r][u] = tile_group && ok ? ld_param(params[r] + gi * 8) : zero4f;
+      }
+    }
   };
 
-  // Weights never depend on earlier kernels: start pulling them into L2 before the dependency wait.
+  // Weights never depend on earlier kernels: the first two stages are requested before the wait.
+  load(0, cwA, ptA);
+  if (stages > 1) load(1, cwB, ptB);
+  float4 prow[R];
 #pragma unroll
-  for (int u = 0; u < kU; ++u)
-    if (warp + u * W < ktiles) prefetch_l2(codes + (warp + u * W) * 32);
-  const float4 zero4f = make_float4(0.f, 0.f, 0.f, 0.f);
-  const float4 prow = per_row ? __ldg(params) : zero4f;
+  for (int r = 0; r < R; ++r) prow[r] = per_row ? ld_param(params[r]) : zero4f;
   grid_dep_wait();
+  if (trigger) launch_dependents();
 
-  const uint4 zero4 = make_uint4(0, 0, 0, 0);
-  const uint2 zero2 = make_uint2(0, 0);
-  for (int64_t kt = warp; kt < ktiles; kt += int64_t(W) * kU) {
-    uint4 cw[kU];
-    float4 pt[kU];
-    uint2 xf[kU][MT];
+  const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};  // bf16 1.0
+  float cf[R][NT][4], cq[R][NT][4], cx[NT][4];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t k = kt + u * W;
-      cw[u] = k < ktiles ? __ldg(codes + k * 32) : zero4;
-      const uint32_t gi = tpg_shift >= 0 ? uint32_t(k) >> tpg_shift : uint32_t(k) / tpg;
-      pt[u] = tile_group && k < ktiles ? __ldg(params + gi * 8) : zero4f;
+  for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int j = 0; j < MT; ++j) {
-        const int64_t k0 = k * KT + 16 * j;
-        xf[u][j] = xv && k < ktiles && k0 + 4 * t < in ? *reinterpret_cast<const uint2*>(xr + k0) : zero2;
-      }
+    for (int i = 0; i < 4; ++i) {
+      cx[nt][i] = 0.f;
+#pragma unroll
+      for (int r = 0; r < R; ++r) cf[r][nt][i] = cq[r][nt][i] = 0.f;
     }
+  // cf += s·cq + b·cx for row block r; clears cq (the caller clears cx).
+  auto flush = [&](int r, float4 p) {
+    float s0 = p.x, b0 = p.y, s1 = p.z, b1 = p.w;
+    if constexpr (FMT == kFP8) s0 *= 1.f / kFp8Unit, s1 *= 1.f / kFp8Unit;
+    if constexpr (FMT == kQ4) b0 = fmaf(-128.f, s0, b0), b1 = fmaf(-128.f, s1, b1);
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t k = kt + u * W;
+    for (int nt = 0; nt < NT; ++nt) {
+      float* c = cf[r][nt];
+      c[0] = fmaf(s0, cq[r][nt][0], c[0]);
+      c[1] = fmaf(s0, cq[r][nt][1], c[1]);
+      c[2] = fmaf(s1, cq[r][nt][2], c[2]);
+      c[3] = fmaf(s1, cq[r][nt][3], c[3]);
+      if constexpr (kBias) {
+        c[0] = fmaf(b0, cx[nt][0], c[0]);
+        c[1] = fmaf(b0, cx[nt][1], c[1]);
+        c[2] = fmaf(b1, cx[nt][2], c[2]);
+        c[3] = fmaf(b1, cx[nt][3], c[3]);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cq[r][nt][i] = 0.f;
+    }
+  };
+  auto clear_cx = [&]() {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cx[nt][i] = 0.f;
+  };
+
+  auto compute = [&](int s, const uint4 (&cw)[R][U], const float4 (&pt)[R][U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k = s * step + warp + W * u;
       if (k >= ktiles) break;
+      uint2 xf[NT][MT];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int n = nt * 8 + g;
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
+          const int k0 = k * KT + 16 * j + 4 * t;
+          xf[nt][j] = n < N && k0 < in ? *reinterpret_cast<const uint2*>(x + size_t(n) * ldx + k0) : make_uint2(0, 0);
+        }
+      }
 #pragma unroll
       for (int j = 0; j < MT; ++j) {
-        const int64_t k0 = k * KT + 16 * j;
+        const int k0 = k * KT + 16 * j;
         if (k0 >= in) break;
-        uint32_t a[4];
-        decode_a<FMT>(cw[u], j, a);
-        mma16816(cq, a, xf[u][j].x, xf[u][j].y);
-        if constexpr (kBias) mma16816(cx, ones, xf[u][j].x, xf[u][j].y);
+        if constexpr (kBias)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) mma_acc(cx[nt], ones, xf[nt][j]);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          uint32_t a[4];
+          decode_a<FMT>(cw[r][u], j, a);
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) mma_acc(cq[r][nt], a, xf[nt][j]);
+        }
         // Groups smaller than a tile (group % 16 == 0): flush at each group end and tile end.
-        if (!per_row && !tile_group && ((uint32_t(k0) + 16) % G32 == 0 || j == MT - 1))
-          flush(__ldg(params + (uint32_t(k0) / G32) * 8));
+        if (!per_row && !tile_group && ((uint32_t(k0) + 16) % G32 == 0 || j == MT - 1)) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) flush(r, ld_param(params[r] + (uint32_t(k0) / G32) * 8));
+          clear_cx();
+        }
       }
-      if (tile_group) flush(pt[u]);
+      if (tile_group) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) flush(r, pt[r][u]);
+        clear_cx();
+      }
     }
-  }
-  if (per_row) flush(prow);
+  };
 
-  red[warp][g][2 * t] = cf[0];
-  red[warp][g][2 * t + 1] = cf[1];
-  red[warp][g + 8][2 * t] = cf[2];
-  red[warp][g + 8][2 * t + 1] = cf[3];
+  for (int s = 0; s < stages; s += 2) {
+    compute(s, cwA, ptA);
+    if (s + 2 < stages) load(s + 2, cwA, ptA);
+    if (s + 1 >= stages) break;
+    compute(s + 1, cwB, ptB);
+    if (s + 3 < stages) load(s + 3, cwB, ptB);
+  }
+  if (per_row)
+#pragma unroll
+    for (int r = 0; r < R; ++r) flush(r, prow[r]);
+
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      red[warp][r * 16 + g][nt * 8 + 2 * t] = cf[r][nt][0];
+      red[warp][r * 16 + g][nt * 8 + 2 * t + 1] = cf[r][nt][1];
+      red[warp][r * 16 + g + 8][nt * 8 + 2 * t] = cf[r][nt][2];
+      red[warp][r * 16 + g + 8][nt * 8 + 2 * t + 1] = cf[r][nt][3];
+    }
   __syncthreads();
-  if (threadIdx.x < 128) {
-    const int row = threadIdx.x / 8, n = threadIdx.x % 8;
-    const int64_t o = rb * 16 + row;
+  for (int i = threadIdx.x; i < R * 16 * NT * 8; i += W * 32) {
+    const int row = i / (NT * 8), n = i % (NT * 8);
+    const int64_t o = int64_t(rb0) * 16 + row;
     if (n < N && o < w.out) {
       float v = 0.f;
 #pragma unroll
-      for (int i = 0; i < W; ++i) v += red[i][row][n];
-      store_y<YT>(y + n * ldy + o, v);
+      for (int wi = 0; wi < W; ++wi) v += red[wi][row][n];
+      if (y_f32)
+        static_cast<float*>(yv)[size_t(n) * ldy + o] = v;
+      else
+        static_cast<bf16*>(yv)[size_t(n) * ldy + o] = __float2bfloat16_rn(v);
     }
   }
 }
@@ -304,40 +424,56 @@ void launch_pdl(bool pdl, void (*kernel)(KArgs...), unsigned blocks, unsigned th
   SALA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 
-template <int FMT, int W>
-void qgemv_w(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, bool pdl,
-             cudaStream_t st) {
-  const unsigned blocks = unsigned((w.out + 15) / 16);
-  const auto* xb = static_cast<const bf16*>(x);
-  if (dty == kBF16)
-    launch_pdl(pdl, qgemv_kernel<FMT, W, bf16>, blocks, W * 32, st, w, xb, ldx, static_cast<bf16*>(y), ldy, N);
-  else
-    launch_pdl(pdl, qgemv_kernel<FMT, W, float>, blocks, W * 32, st, w, xb, ldx, static_cast<float*>(y), ldy, N);
+template <int FMT, int NT, int R, int U, int W>
+void qgemv_cfg(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, bool pdl,
+               cudaStream_t st) {
+  const unsigned blocks = unsigned(((w.out + 15) / 16 + R - 1) / R);
+  launch_pdl(pdl, qgemv_kernel<FMT, NT, R, U, W>, blocks, W * 32, st, w, static_cast<const bf16*>(x), int(ldx), y,
+             int(ldy), N, int(dty == kF32), int(g_trigger && pdl));
 }
 
 template <int FMT>
 void qgemv_f(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps, bool pdl,
              cudaStream_t st) {
-  switch (warps) {
-    case 16: return qgemv_w<FMT, 16>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 8: return qgemv_w<FMT, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    default: return qgemv_w<FMT, 4>(w, x, ldx, y, dty, ldy, N, pdl, st);
+  if (N <= 8) {
+    switch (warps) {
+      case 16: return qgemv_cfg<FMT, 1, 1, 4, 16>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      case 8: return qgemv_cfg<FMT, 1, 1, 4, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      default: return qgemv_cfg<FMT, 1, 1, 4, 4>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    }
   }
+  // N > 8: one decode of each A fragment feeds 2 or 4 n-tiles. Two row blocks per CTA share the
+  // x fragments (x bytes per code byte: 2·N / (16·R) for Q4's 4 mmas per 16-byte piece).
+  const bool two = g_nt_variant == 2 || (g_nt_variant == 0 && (w.out + 15) / 16 >= 1024);
+  if (N <= 16) {
+    if (two) return qgemv_cfg<FMT, 2, 2, 2, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    return qgemv_cfg<FMT, 2, 1, 4, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
+  }
+  if (two) return qgemv_cfg<FMT, 4, 2, 1, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
+  return qgemv_cfg<FMT, 4, 1, 2, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
 }
 
 bool al8(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 7) == 0; }
 
 }  // namespace
 
+void set_qgemv_tuning(int nt_variant, bool trigger) {
+  g_nt_variant = nt_variant;
+  g_trigger = trigger;
+}
+
 void launch_qgemv(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps,
                   bool pdl, cudaStream_t st) {
   if (N <= 0 || w.out <= 0) return;
-  SALA_CUDA_REQUIRE(N <= 8, "qgemv: at most 8 rows");
+  SALA_CUDA_REQUIRE(N <= 32, "qgemv: at most 32 rows");
   SALA_CUDA_REQUIRE(dty == kBF16 || dty == kF32, "qgemv: y must be bf16 or f32");
   SALA_CUDA_REQUIRE(al8(x) && ldx % 4 == 0 && w.in % 4 == 0, "qgemv: x rows must be 8-byte aligned");
   SALA_CUDA_REQUIRE(w.group == w.in || w.group % 16 == 0, "qgemv: group size must be a multiple of 16");
-  // Few row blocks (out ≤ 8192): more warps per CTA share a row block's tiles so that every SM
-  // still has enough 16-byte loads in flight; many row blocks: 4 warps, more CTAs per SM.
+  SALA_CUDA_REQUIRE(w.in < (int64_t(1) << 30) && ldx < (int64_t(1) << 31) && ldy < (int64_t(1) << 31),
+                    "qgemv: dimensions too large");
+  // Few row blocks (out ≤ 8192): 8 warps share a row block's tiles, so that each CTA requests
+  // 8 × 2 × 4 tiles at once (all of a 4096-column Q4 row block) and 2 CTAs fit an SM; many row
+  // blocks: 4 warps, more CTAs per SM.
   if (warps != 4 && warps != 8 && warps != 16) warps = w.out <= 8192 ? 8 : 4;
   switch (w.fmt) {
     case kFP8: qgemv_f<kFP8>(w, x, ldx, y, dty, ldy, N, warps, pdl, st); break;

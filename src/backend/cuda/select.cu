@@ -1,19 +1,22 @@
 // InfLLM-v2 block selection for the sparse regime, spec §4.5–4.7: stage-1 scores (compressed LSE:
 // K2 log-sum-exp normaliser, K1 numerators, summed over the group's heads in fp32, rounded to bf16),
 // pooling to blocks with forced init/local blocks, deterministic top-K (score desc, index asc, past
-// blocks only). One CTA of 8 warps per (query token, KV head); the warps split the key tiles.
+// blocks only).
 //
 // Speed of light per (token, KV head) at context T (d = 128, G = 16):
-//   FLOPs 2·G·d·(n2 + ncol) ≈ 4096·(T/64 + T/16): T = 32K → 10.5 MFLOP (tensor cores).
-//   Bytes (K1 + K2 rows, bf16) 256·(T/16 + T/64): T = 32K → 655 KB per KV head.
-//   Decode (2 KV heads): ~1.3 MB per layer at 32K → ~0.4 µs of bandwidth; latency bound in practice
-//   (8 warps per CTA split the tiles, two tiles in flight per warp).
-//   Prefill: every token re-reads its K1/K2 columns (no sharing between tokens yet).
-// Top-K: threshold found by a 32-step bisection on unique 32-bit keys (bf16 score bits, block
-// index), then ascending compaction with ballots — exact and deterministic.
-// Measured (H200, 2026-11-22): the whole InfLLM-v2 decode step of one layer at T = 32K (append,
-// compress, selection, stage 2, 2 KV heads) 66 µs; selection lists are checked bit-exactly
-// against a host recomputation from the GPU's own K1/K2 in sala_cuda_tests.
+//   FLOPs 2·G·d·(T/64 + T/16) = 320·T on tensor cores (1M: 0.34 GFLOP per token and head);
+//   bytes (K1 + K2 rows, bf16) 256·(T/16 + T/64) = 20 MB at 1M.
+// Two launch shapes (CudaBackend::choose_select_splits):
+//   fused  one CTA of 8 warps per (token, KV head) does both passes and the top-K — prefill, where
+//          thousands of CTAs fill the GPU (each token re-reads its K1/K2 rows, mostly from L2).
+//   split  decode (few tokens, long contexts): the K2 log-sum-exp pass and the K1 column-sum pass
+//          each run over S CTAs per (token, head), then a wide pooling kernel and one top-K CTA.
+//          At 1M, batch 1: 2 CTAs streaming 40 MB per layer → 2·S CTAs; the whole decode step
+//          went from 13.1 to 7.3 ms (H200, 2026-11-24; docs/cuda-backend.md).
+// Top-K: the nsel-th largest of the unique 32-bit keys (bf16 score bits, block index) by a 4-pass
+// radix select, then an ascending compaction — exact and deterministic. Selection lists are
+// checked bit-exactly against a host recomputation from the GPU's own K1/K2 in sala_cuda_tests,
+// with both shapes forced.
 #include <cmath>
 
 #include "backend/cuda/attn_common.cuh"
@@ -23,6 +26,7 @@ namespace sala::cuda {
 namespace {
 
 constexpr int kWarps = 8;       // warps of a scoring CTA; they split the key tiles
+constexpr int kGroupTokens = kSelectGroupTokens;  // tokens of one sequence sharing a prefill scoring CTA
 constexpr int kTopkThreads = 512;
 constexpr int kTopkSmemKeys = 16384;  // block keys held in shared memory by the split path's top-K
 
@@ -33,11 +37,11 @@ __device__ __forceinline__ uint32_t block_key(float score, int k) {
 }
 
 // Streams this warp's 32-row tiles t0 + warp, t0 + warp + kWarps, ... (< t1) of rows 0..n-1
-// (element offsets from rowof) through its double buffer; consume(first row, rows in tile,
-// 16 × 32 products q·rowᵀ).
+// (element offsets from rowof) through its double buffer; consume(first row, shared address of the
+// tile) for each.
 template <int D, typename RowOf, typename Consume>
-__device__ __forceinline__ void stream_tiles(const uint32_t (&qf)[D / 16][4], uint32_t sbase, int warp, int lane,
-                                             int t0, int t1, int n, const bf16* base, RowOf rowof, Consume consume) {
+__device__ __forceinline__ void stream_tiles(uint32_t sbase, int warp, int lane, int t0, int t1, int n,
+                                             const bf16* base, RowOf rowof, Consume consume) {
   constexpr uint32_t kTile = 32 * D * 2;
   const int span = t1 - t0;
   const int ntiles = span > warp ? (span - warp + kWarps - 1) / kWarps : 0;
@@ -60,11 +64,8 @@ __device__ __forceinline__ void stream_tiles(const uint32_t (&qf)[D / 16][4], ui
       cp_async_wait<0>();
     }
     __syncwarp();
-    float sc[4][4];
-    qk_tile<D>(sc, qf, sbase + (i & 1) * kTile, lane);
+    consume(32 * (t0 + warp + kWarps * i), sbase + (i & 1) * kTile);
     __syncwarp();
-    const int first = 32 * (t0 + warp + kWarps * i);
-    consume(first, min(32, n - first), sc);
   }
 }
 
@@ -75,103 +76,162 @@ __device__ __forceinline__ void split_range(int n, int split, int S, int& t0, in
   t1 = int(int64_t(nt) * (split + 1) / S);
 }
 
-// Pass 1 over K2 tiles [t0, t1): per-lane (max, sum) in the log2 domain of rows gq and gq + 8.
+// The tokens a scoring CTA serves (consecutive tokens of one sequence, one KV head) and their q
+// rows hb..hb+15 as mma A fragments in shared memory, lane-major so that each lane's reload of a
+// fragment is one conflict-free 16-byte load: the key tiles are read once for all the tokens.
 template <int D>
-__device__ __forceinline__ void lse_tiles(const SparseArgs& a, const SelItem& it, const int32_t* pages, int h,
-                                          const uint32_t (&qf)[D / 16][4], uint32_t sbase, int warp, int lane, int t0,
-                                          int t1, float (&m)[2], float (&l)[2]) {
+struct TokenGroup {
+  SelItem it[kGroupTokens];
+  uint4 qf[kGroupTokens][D / 16][32];
+  int n;
+};
+
+template <int D>
+__device__ __forceinline__ void stage_q(TokenGroup<D>& tg, const SparseArgs& a, int h, int hb, int nrows, int warp,
+                                        int lane) {
+  const int G = a.q_heads / a.pool.kvh, gq = lane / 4;
+  if (warp < tg.n) {
+    const int64_t qrow = int64_t(tg.it[warp].row) * a.ldq + int64_t(h * G + hb) * D;
+    uint32_t qf[D / 16][4];
+    load_q_frags<D>(qf, a.q, a.dtq, gq < nrows ? qrow + int64_t(gq) * D : -1,
+                    gq + 8 < nrows ? qrow + int64_t(gq + 8) * D : -1, lane);
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) tg.qf[warp][ks][lane] = make_uint4(qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3]);
+  }
+  __syncthreads();
+}
+
+// s = q_t · tileᵀ (16 × 32) for token t of the group.
+template <int D>
+__device__ __forceinline__ void token_scores(float (&sc)[4][4], const TokenGroup<D>& tg, int t, uint32_t tile,
+                                             int lane) {
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const uint4 v = tg.qf[t][ks][lane];
+    qf[ks][0] = v.x, qf[ks][1] = v.y, qf[ks][2] = v.z, qf[ks][3] = v.w;
+  }
+  qk_tile<D>(sc, qf, tile, lane);
+}
+
+// Pass 1 over K2 tiles [t0, t1) (rows < n2, the group's largest vis2): per token, per-lane (max,
+// sum) in the log2 domain of rows gq and gq + 8 over its visible K2 chunks.
+template <int D>
+__device__ __forceinline__ void lse_tiles(const SparseArgs& a, const TokenGroup<D>& tg, const int32_t* pages, int h,
+                                          uint32_t sbase, int warp, int lane, int t0, int t1, int n2,
+                                          float (&m)[kGroupTokens][2], float (&l)[kGroupTokens][2]) {
   const PoolGeom& g = a.pool;
   const int64_t row_w = int64_t(g.kvh) * D;
   const float sl2 = a.scale * kLog2e;
   const int t4 = lane % 4;
-  m[0] = m[1] = -INFINITY;
-  l[0] = l[1] = 0.f;
+#pragma unroll
+  for (int t = 0; t < kGroupTokens; ++t) m[t][0] = m[t][1] = -INFINITY, l[t][0] = l[t][1] = 0.f;
   stream_tiles<D>(
-      qf, sbase, warp, lane, t0, t1, it.vis2, static_cast<const bf16*>(g.k2),
+      sbase, warp, lane, t0, t1, n2, static_cast<const bf16*>(g.k2),
       [&](int c) { return chunk_row(g, a.layer, pages, c, 4 * g.st, g.k2pp) * row_w + h * D; },
-      [&](int, int nv, float(&sc)[4][4]) {
+      [&](int first, uint32_t tile) {
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          float mx = -INFINITY;
+        for (int t = 0; t < kGroupTokens; ++t) {
+          if (t >= tg.n) break;
+          const int nv = tg.it[t].vis2 - first;
+          if (nv <= 0) continue;  // uniform over the warp
+          float sc[4][4];
+          token_scores<D>(sc, tg, t, tile, lane);
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt)
+          for (int hr = 0; hr < 2; ++hr) {
+            float mx = -INFINITY;
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int col = 8 * nt + 2 * t4 + e;
-              const float x = col < nv ? sc[nt][2 * hr + e] * sl2 : -INFINITY;
-              sc[nt][2 * hr + e] = x;
-              mx = fmaxf(mx, x);
-            }
-          mx = quad_max(mx);
-          const float mn = fmaxf(m[hr], mx);
-          float sum = 0.f;
-          if (mn != -INFINITY) {
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int col = 8 * nt + 2 * t4 + e;
+                const float x = col < nv ? sc[nt][2 * hr + e] * sl2 : -INFINITY;
+                sc[nt][2 * hr + e] = x;
+                mx = fmaxf(mx, x);
+              }
+            mx = quad_max(mx);
+            const float mn = fmaxf(m[t][hr], mx);
+            float sum = 0.f;
 #pragma unroll
             for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
               for (int e = 0; e < 2; ++e) sum += exp2f(sc[nt][2 * hr + e] - mn);
-            l[hr] = l[hr] * exp2f(m[hr] - mn) + quad_sum(sum);
+            l[t][hr] = l[t][hr] * exp2f(m[t][hr] - mn) + quad_sum(sum);
+            m[t][hr] = mn;
           }
-          m[hr] = mn;
         }
       });
 }
 
-// Merges the warps' (m, l) of 16 rows through shared memory: (M, L) of row r in s_ml[0][r].
-__device__ __forceinline__ void merge_warps(float (*s_ml)[16][2], int warp, int lane, const float (&m)[2],
-                                            const float (&l)[2]) {
+// Merges the warps' (m, l) through shared memory: (M, L) of token t, row r in s_ml[kWarps][t][r].
+__device__ __forceinline__ void merge_warps(float (*s_ml)[kGroupTokens][16][2], int ntok, int warp, int lane,
+                                            const float (&m)[kGroupTokens][2], const float (&l)[kGroupTokens][2]) {
   const int gq = lane / 4;
   if (lane % 4 == 0) {
-    s_ml[warp][gq][0] = m[0], s_ml[warp][gq][1] = l[0];
-    s_ml[warp][gq + 8][0] = m[1], s_ml[warp][gq + 8][1] = l[1];
+#pragma unroll
+    for (int t = 0; t < kGroupTokens; ++t) {
+      s_ml[warp][t][gq][0] = m[t][0], s_ml[warp][t][gq][1] = l[t][0];
+      s_ml[warp][t][gq + 8][0] = m[t][1], s_ml[warp][t][gq + 8][1] = l[t][1];
+    }
   }
   __syncthreads();
-  if (threadIdx.x < 16) {
-    const int row = threadIdx.x;
+  if (int(threadIdx.x) < 16 * ntok) {
+    const int t = threadIdx.x / 16, row = threadIdx.x % 16;
     float M = -INFINITY, L = 0.f;
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s_ml[w][row][0]);
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s_ml[w][t][row][0]);
     if (M != -INFINITY)
-      for (int w = 0; w < kWarps; ++w) L += s_ml[w][row][1] * exp2f(s_ml[w][row][0] - M);
-    s_ml[kWarps][row][0] = M, s_ml[kWarps][row][1] = L;
+      for (int w = 0; w < kWarps; ++w) L += s_ml[w][t][row][1] * exp2f(s_ml[w][t][row][0] - M);
+    s_ml[kWarps][t][row][0] = M, s_ml[kWarps][t][row][1] = L;
   }
   __syncthreads();
 }
 
-// Pass 2 over K1 tiles [t0, t1): column sums over the group's rows of exp2(s·q·K1 − Λ), Λ per row
-// (lam[hr] for row gq + 8·hr); each column belongs to one warp (written, or added for hb > 0).
+// Pass 2 over K1 tiles [t0, t1) (rows < n1, the group's largest ncol): per token, column sums over
+// the group's q rows of exp2(s·q·K1 − Λ), Λ per row (lam[t][hr] for row gq + 8·hr); each column
+// belongs to one warp (written, or added for hb > 0).
 template <int D>
-__device__ __forceinline__ void colsum_tiles(const SparseArgs& a, const SelItem& it, const int32_t* pages, int h,
-                                             const uint32_t (&qf)[D / 16][4], uint32_t sbase, int warp, int lane,
-                                             int t0, int t1, int hb, int nrows, const float (&lam)[2], float* cs) {
+__device__ __forceinline__ void colsum_tiles(const SparseArgs& a, const TokenGroup<D>& tg, const int32_t* pages,
+                                             int h, uint32_t sbase, int warp, int lane, int t0, int t1, int n1,
+                                             int hb, int nrows, const float (&lam)[kGroupTokens][2]) {
   const PoolGeom& g = a.pool;
   const int64_t row_w = int64_t(g.kvh) * D;
   const float sl2 = a.scale * kLog2e;
   const int gq = lane / 4, t4 = lane % 4;
   stream_tiles<D>(
-      qf, sbase, warp, lane, t0, t1, it.ncol, static_cast<const bf16*>(g.k1),
+      sbase, warp, lane, t0, t1, n1, static_cast<const bf16*>(g.k1),
       [&](int c) { return chunk_row(g, a.layer, pages, c, g.st, g.k1pp) * row_w + h * D; },
-      [&](int base, int nv, float(&sc)[4][4]) {
+      [&](int first, uint32_t tile) {
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int t = 0; t < kGroupTokens; ++t) {
+          if (t >= tg.n) break;
+          const SelItem& it = tg.it[t];
+          const int nv = it.ncol - first;
+          if (nv <= 0) continue;
+          float sc[4][4];
+          token_scores<D>(sc, tg, t, tile, lane);
+          float* cs = a.chunk_scores + it.cs_off + int64_t(h) * it.ncol + first;
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float colsum = 0.f;
+          for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-              const int row = gq + 8 * hr;
-              if (row < nrows) colsum += it.vis2 > 0 ? exp2f(sc[nt][2 * hr + e] * sl2 - lam[hr]) : INFINITY;
+            for (int e = 0; e < 2; ++e) {
+              float colsum = 0.f;
+#pragma unroll
+              for (int hr = 0; hr < 2; ++hr) {
+                const int row = gq + 8 * hr;
+                if (row < nrows) colsum += it.vis2 > 0 ? exp2f(sc[nt][2 * hr + e] * sl2 - lam[t][hr]) : INFINITY;
+              }
+              colsum += __shfl_xor_sync(0xffffffffu, colsum, 4);
+              colsum += __shfl_xor_sync(0xffffffffu, colsum, 8);
+              colsum += __shfl_xor_sync(0xffffffffu, colsum, 16);
+              const int col = 8 * nt + 2 * t4 + e;
+              if (gq == 0 && col < nv) {
+                if (hb == 0)
+                  cs[col] = colsum;
+                else
+                  cs[col] += colsum;
+              }
             }
-            colsum += __shfl_xor_sync(0xffffffffu, colsum, 4);
-            colsum += __shfl_xor_sync(0xffffffffu, colsum, 8);
-            colsum += __shfl_xor_sync(0xffffffffu, colsum, 16);
-            const int col = 8 * nt + 2 * t4 + e;
-            if (gq == 0 && col < nv) {
-              if (hb == 0)
-                cs[base + col] = colsum;
-              else
-                cs[base + col] += colsum;
-            }
-          }
+        }
       });
 }
 
@@ -225,85 +285,119 @@ __device__ uint32_t kth_largest_key(const uint32_t* keys, int nb, int nsel) {
   return prefix;
 }
 
-// Pooling of the chunk scores to blocks with the forced init/local blocks, then the top-K list in
-// ascending block order (spec §4.6–4.7). keys: nb = qb + 1 slots (shared or global memory).
-__device__ void pool_and_select(const SparseArgs& a, const SelItem& it, int item_idx, int h, const float* cs,
-                                uint32_t* keys) {
-  const PoolGeom& g = a.pool;
+// Key of block k (spec §4.6–4.7): the max of its chunk scores (NaN as 0), +∞ for the forced
+// init/local blocks, with the block index in the low bits (unique, ties to the lower index).
+__device__ __forceinline__ uint32_t pooled_key(const PoolGeom& g, const SelItem& it, const float* cs, int k) {
   const int qb = it.p / g.bs;
-  const int nb = qb + 1;
-  const int64_t ncols_all = n_chunks(it.T, g.ks, g.st);
-  for (int k = threadIdx.x; k < nb; k += blockDim.x) {
-    float score;
-    if (k < g.init_blocks || (qb - g.local_blocks <= k && k <= qb)) {
-      score = INFINITY;
-    } else {
-      const int64_t lo = int64_t(k) * g.bs - g.ks;
-      const int64_t c0 = lo < 0 ? 0 : lo / g.st + 1;
-      const int64_t c1 = min(int64_t((int64_t(k) + 1) * g.bs - 1) / g.st, ncols_all - 1);
-      score = -INFINITY;
-      for (int64_t c = c0; c <= c1; ++c) {
-        float v = c < it.ncol ? rbf(cs[c]) : 0.f;
-        if (v != v) v = 0.f;
-        score = fmaxf(score, v);
-      }
+  float score;
+  if (k < g.init_blocks || (qb - g.local_blocks <= k && k <= qb)) {
+    score = INFINITY;
+  } else {
+    const int64_t ncols_all = n_chunks(it.T, g.ks, g.st);
+    const int64_t lo = int64_t(k) * g.bs - g.ks;
+    const int64_t c0 = lo < 0 ? 0 : lo / g.st + 1;
+    const int64_t c1 = min(int64_t((int64_t(k) + 1) * g.bs - 1) / g.st, ncols_all - 1);
+    score = -INFINITY;
+    for (int64_t c = c0; c <= c1; ++c) {
+      float v = c < it.ncol ? rbf(cs[c]) : 0.f;
+      if (v != v) v = 0.f;
+      score = fmaxf(score, v);
     }
-    keys[k] = block_key(score, k);
   }
+  return block_key(score, k);
+}
+
+// Writes the blocks with key ≥ thr in ascending order: each warp counts its own segment, the
+// counts give each warp its offset, then the warps write.
+__device__ void compact_ascending(const uint32_t* keys, int nb, uint32_t thr, int32_t* sel) {
+  __shared__ int s_cnt[32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+  const int seg = ((nb + nw - 1) / nw + 31) / 32 * 32;
+  const int b0 = warp * seg, b1 = min(nb, b0 + seg);
+  int cnt = 0;
+  for (int base = b0; base < b1; base += 32)
+    cnt += __popc(__ballot_sync(0xffffffffu, base + lane < b1 && keys[base + lane] >= thr));
+  if (lane == 0) s_cnt[warp] = cnt;
   __syncthreads();
-  const uint32_t thr = kth_largest_key(keys, nb, it.nsel);
-  if (threadIdx.x < 32) {  // ascending compaction (one warp)
-    const int lane = threadIdx.x;
-    int32_t* sel = a.sel + (int64_t(item_idx) * g.kvh + h) * a.kmax;
-    int written = 0;
-    for (int base = 0; base < nb; base += 32) {
-      const int k = base + lane;
-      const bool take = k < nb && keys[k] >= thr;
-      const uint32_t ballot = __ballot_sync(0xffffffffu, take);
-      if (take) sel[written + __popc(ballot & ((1u << lane) - 1u))] = k;
-      written += __popc(ballot);
-    }
+  int off = 0;
+  for (int w = 0; w < warp; ++w) off += s_cnt[w];
+  for (int base = b0; base < b1; base += 32) {
+    const int k = base + lane;
+    const bool take = k < b1 && keys[k] >= thr;
+    const uint32_t ballot = __ballot_sync(0xffffffffu, take);
+    if (take) sel[off + __popc(ballot & ((1u << lane) - 1u))] = k;
+    off += __popc(ballot);
   }
 }
 
-// Many items (prefill): one CTA per (item, KV head) does both passes and the top-K.
+// The top-K list of one (item, KV head) from its nb = qb + 1 block keys (shared or global memory).
+__device__ void select_top(const SparseArgs& a, const SelItem& it, int item_idx, int h, const uint32_t* keys) {
+  const int nb = it.p / a.pool.bs + 1;
+  const uint32_t thr = kth_largest_key(keys, nb, it.nsel);
+  compact_ascending(keys, nb, thr, a.sel + (int64_t(item_idx) * a.pool.kvh + h) * a.kmax);
+}
+
+// Shared memory of a scoring CTA: each warp's two key tiles, then the token group.
+template <int D>
+constexpr size_t scoring_smem() {
+  return size_t(kWarps) * 2 * 32 * D * 2 + sizeof(TokenGroup<D>);
+}
+
+// Loads the group's SelItems (tokens first..first+n−1) and returns its page table.
+template <int D>
+__device__ __forceinline__ const int32_t* load_group(TokenGroup<D>& tg, const SparseArgs& a, int first, int n) {
+  if (threadIdx.x == 0) tg.n = n;
+  if (int(threadIdx.x) < n) tg.it[threadIdx.x] = a.sel_items[first + threadIdx.x];
+  __syncthreads();
+  return a.pages + a.seqs[tg.it[0].seq].page_off;
+}
+
+// Many items (prefill): one CTA per (token group, KV head) does both passes over every key tile,
+// then the top-K of each token in turn.
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) select_fused_kernel(SparseArgs a) {
   extern __shared__ float4 smem4[];
-  __shared__ float s_ml[kWarps + 1][16][2];
+  __shared__ float s_ml[kWarps + 1][kGroupTokens][16][2];
+  constexpr size_t kTiles = size_t(kWarps) * 2 * 32 * D * 2;
+  TokenGroup<D>& tg = *reinterpret_cast<TokenGroup<D>*>(reinterpret_cast<char*>(smem4) + kTiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kvh = a.pool.kvh;
-  const int item_idx = int(blockIdx.x) / kvh, h = int(blockIdx.x) % kvh;
-  const SelItem it = a.sel_items[item_idx];
-  const int32_t* pages = a.pages + a.seqs[it.seq].page_off;
+  const int grp = int(blockIdx.x) / kvh, h = int(blockIdx.x) % kvh;
+  const int first = a.sel_groups[grp];
+  const int32_t* pages = load_group(tg, a, first, a.sel_groups[grp + 1] - first);
   const int G = a.q_heads / kvh;
-  constexpr uint32_t kTile = 32 * D * 2;
-  const uint32_t sbase = smem_addr(reinterpret_cast<char*>(smem4) + size_t(warp) * 2 * kTile);
-  float* cs = a.chunk_scores + it.cs_off + int64_t(h) * it.ncol;
+  const uint32_t sbase = smem_addr(reinterpret_cast<char*>(smem4) + size_t(warp) * 2 * (32 * D * 2));
   const int gq = lane / 4;
-  const int nt1 = (it.ncol + 31) / 32, nt2 = (it.vis2 + 31) / 32;
+  int n1 = 0, n2 = 0;
+  for (int t = 0; t < tg.n; ++t) n1 = max(n1, tg.it[t].ncol), n2 = max(n2, tg.it[t].vis2);
 
   for (int hb = 0; hb < G; hb += 16) {
     const int nrows = min(16, G - hb);
-    const int64_t qrow = int64_t(it.row) * a.ldq + int64_t(h * G + hb) * D;
-    uint32_t qf[D / 16][4];
-    load_q_frags<D>(qf, a.q, a.dtq, gq < nrows ? qrow + int64_t(gq) * D : -1,
-                    gq + 8 < nrows ? qrow + int64_t(gq + 8) * D : -1, lane);
-    float m[2], l[2], lam[2];
-    lse_tiles<D>(a, it, pages, h, qf, sbase, warp, lane, 0, nt2, m, l);
-    merge_warps(s_ml, warp, lane, m, l);
+    stage_q(tg, a, h, hb, nrows, warp, lane);
+    float m[kGroupTokens][2], l[kGroupTokens][2], lam[kGroupTokens][2];
+    lse_tiles<D>(a, tg, pages, h, sbase, warp, lane, 0, (n2 + 31) / 32, n2, m, l);
+    merge_warps(s_ml, tg.n, warp, lane, m, l);
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const float M = s_ml[kWarps][gq + 8 * hr][0], L = s_ml[kWarps][gq + 8 * hr][1];
-      lam[hr] = it.vis2 > 0 ? M + log2f(L) : -INFINITY;
-    }
-    colsum_tiles<D>(a, it, pages, h, qf, sbase, warp, lane, 0, nt1, hb, nrows, lam, cs);
+    for (int t = 0; t < kGroupTokens; ++t)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const float M = s_ml[kWarps][t][gq + 8 * hr][0], L = s_ml[kWarps][t][gq + 8 * hr][1];
+        lam[t][hr] = t < tg.n && tg.it[t].vis2 > 0 ? M + log2f(L) : -INFINITY;
+      }
+    colsum_tiles<D>(a, tg, pages, h, sbase, warp, lane, 0, (n1 + 31) / 32, n1, hb, nrows, lam);
     __syncthreads();
   }
-  const int nb = it.p / a.pool.bs + 1;
-  uint32_t* keys = nb <= int(kWarps * 2 * kTile / 4) ? reinterpret_cast<uint32_t*>(smem4)
-                                                     : a.block_keys + it.key_off + int64_t(h) * nb;
-  pool_and_select(a, it, item_idx, h, cs, keys);
+  // Top-K of each token, its block keys in the tile buffers when they fit.
+  for (int t = 0; t < tg.n; ++t) {
+    const SelItem& it = tg.it[t];
+    const int nb = it.p / a.pool.bs + 1;
+    const float* cs = a.chunk_scores + it.cs_off + int64_t(h) * it.ncol;
+    uint32_t* keys = nb <= int(kTiles / 4) ? reinterpret_cast<uint32_t*>(smem4) : a.block_keys + it.key_off + int64_t(h) * nb;
+    for (int k = threadIdx.x; k < nb; k += blockDim.x) keys[k] = pooled_key(a.pool, it, cs, k);
+    __syncthreads();
+    select_top(a, it, first + t, h, keys);
+    __syncthreads();
+  }
 }
 
 // Few items (decode): the key tiles of each (item, KV head) are split over S CTAs. Pass 1 writes
@@ -311,31 +405,29 @@ __global__ void __launch_bounds__(kWarps * 32) select_fused_kernel(SparseArgs a)
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) select_lse_kernel(SparseArgs a) {
   extern __shared__ float4 smem4[];
-  __shared__ float s_ml[kWarps + 1][16][2];
+  __shared__ float s_ml[kWarps + 1][kGroupTokens][16][2];
+  constexpr size_t kTiles = size_t(kWarps) * 2 * 32 * D * 2;
+  TokenGroup<D>& tg = *reinterpret_cast<TokenGroup<D>*>(reinterpret_cast<char*>(smem4) + kTiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kvh = a.pool.kvh, S = a.sel_splits;
   const int split = int(blockIdx.x) % S, ih = int(blockIdx.x) / S;
   const int item_idx = ih / kvh, h = ih % kvh;
-  const SelItem it = a.sel_items[item_idx];
-  const int32_t* pages = a.pages + a.seqs[it.seq].page_off;
+  const int32_t* pages = load_group(tg, a, item_idx, 1);
   const int G = a.q_heads / kvh;
   const uint32_t sbase = smem_addr(reinterpret_cast<char*>(smem4) + size_t(warp) * 2 * (32 * D * 2));
-  const int gq = lane / 4;
+  const int n2 = tg.it[0].vis2;
   int t0, t1;
-  split_range(it.vis2, split, S, t0, t1);
+  split_range(n2, split, S, t0, t1);
   float* ml = a.sel_ml + (int64_t(ih) * S + split) * G * 2;
   for (int hb = 0; hb < G; hb += 16) {
     const int nrows = min(16, G - hb);
-    const int64_t qrow = int64_t(it.row) * a.ldq + int64_t(h * G + hb) * D;
-    uint32_t qf[D / 16][4];
-    load_q_frags<D>(qf, a.q, a.dtq, gq < nrows ? qrow + int64_t(gq) * D : -1,
-                    gq + 8 < nrows ? qrow + int64_t(gq + 8) * D : -1, lane);
-    float m[2], l[2];
-    lse_tiles<D>(a, it, pages, h, qf, sbase, warp, lane, t0, t1, m, l);
-    merge_warps(s_ml, warp, lane, m, l);
-    if (threadIdx.x < nrows) {
-      ml[2 * (hb + threadIdx.x)] = s_ml[kWarps][threadIdx.x][0];
-      ml[2 * (hb + threadIdx.x) + 1] = s_ml[kWarps][threadIdx.x][1];
+    stage_q(tg, a, h, hb, nrows, warp, lane);
+    float m[kGroupTokens][2], l[kGroupTokens][2];
+    lse_tiles<D>(a, tg, pages, h, sbase, warp, lane, t0, t1, n2, m, l);
+    merge_warps(s_ml, 1, warp, lane, m, l);
+    if (int(threadIdx.x) < nrows) {
+      ml[2 * (hb + threadIdx.x)] = s_ml[kWarps][0][threadIdx.x][0];
+      ml[2 * (hb + threadIdx.x) + 1] = s_ml[kWarps][0][threadIdx.x][1];
     }
     __syncthreads();
   }
@@ -344,26 +436,24 @@ __global__ void __launch_bounds__(kWarps * 32) select_lse_kernel(SparseArgs a) {
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) select_colsum_kernel(SparseArgs a) {
   extern __shared__ float4 smem4[];
+  constexpr size_t kTiles = size_t(kWarps) * 2 * 32 * D * 2;
+  TokenGroup<D>& tg = *reinterpret_cast<TokenGroup<D>*>(reinterpret_cast<char*>(smem4) + kTiles);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kvh = a.pool.kvh, S = a.sel_splits;
   const int split = int(blockIdx.x) % S, ih = int(blockIdx.x) / S;
   const int item_idx = ih / kvh, h = ih % kvh;
-  const SelItem it = a.sel_items[item_idx];
-  const int32_t* pages = a.pages + a.seqs[it.seq].page_off;
+  const int32_t* pages = load_group(tg, a, item_idx, 1);
   const int G = a.q_heads / kvh;
   const uint32_t sbase = smem_addr(reinterpret_cast<char*>(smem4) + size_t(warp) * 2 * (32 * D * 2));
-  float* cs = a.chunk_scores + it.cs_off + int64_t(h) * it.ncol;
   const int gq = lane / 4;
+  const int n1 = tg.it[0].ncol;
   int t0, t1;
-  split_range(it.ncol, split, S, t0, t1);
+  split_range(n1, split, S, t0, t1);
   const float* ml = a.sel_ml + int64_t(ih) * S * G * 2;
   for (int hb = 0; hb < G; hb += 16) {
     const int nrows = min(16, G - hb);
-    const int64_t qrow = int64_t(it.row) * a.ldq + int64_t(h * G + hb) * D;
-    uint32_t qf[D / 16][4];
-    load_q_frags<D>(qf, a.q, a.dtq, gq < nrows ? qrow + int64_t(gq) * D : -1,
-                    gq + 8 < nrows ? qrow + int64_t(gq + 8) * D : -1, lane);
-    float lam[2];
+    stage_q(tg, a, h, hb, nrows, warp, lane);
+    float lam[kGroupTokens][2] = {};
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {  // Λ of row gq + 8·hr from the splits' (M, L), in split order
       const int row = hb + min(gq + 8 * hr, nrows - 1);
@@ -371,10 +461,25 @@ __global__ void __launch_bounds__(kWarps * 32) select_colsum_kernel(SparseArgs a
       for (int s = 0; s < S; ++s) M = fmaxf(M, ml[(s * G + row) * 2]);
       if (M != -INFINITY)
         for (int s = 0; s < S; ++s) L += ml[(s * G + row) * 2 + 1] * exp2f(ml[(s * G + row) * 2] - M);
-      lam[hr] = it.vis2 > 0 ? M + log2f(L) : -INFINITY;
+      lam[0][hr] = tg.it[0].vis2 > 0 ? M + log2f(L) : -INFINITY;
     }
-    colsum_tiles<D>(a, it, pages, h, qf, sbase, warp, lane, t0, t1, hb, nrows, lam, cs);
+    colsum_tiles<D>(a, tg, pages, h, sbase, warp, lane, t0, t1, n1, hb, nrows, lam);
+    __syncthreads();
   }
+}
+
+// Split path: the block keys of each (item, KV head) pooled by kPoolCtas CTAs into global memory,
+// then one CTA per (item, KV head) stages them in shared memory and takes the top-K.
+constexpr int kPoolCtas = 16;
+__global__ void __launch_bounds__(256) select_pool_kernel(SparseArgs a) {
+  const int kvh = a.pool.kvh;
+  const int unit = int(blockIdx.x) / kPoolCtas, part = int(blockIdx.x) % kPoolCtas;
+  const int item_idx = unit / kvh, h = unit % kvh;
+  const SelItem it = a.sel_items[item_idx];
+  const int nb = it.p / a.pool.bs + 1;
+  const float* cs = a.chunk_scores + it.cs_off + int64_t(h) * it.ncol;
+  uint32_t* keys = a.block_keys + it.key_off + int64_t(h) * nb;
+  for (int k = part * blockDim.x + threadIdx.x; k < nb; k += kPoolCtas * blockDim.x) keys[k] = pooled_key(a.pool, it, cs, k);
 }
 
 __global__ void __launch_bounds__(kTopkThreads) select_topk_kernel(SparseArgs a) {
@@ -383,8 +488,13 @@ __global__ void __launch_bounds__(kTopkThreads) select_topk_kernel(SparseArgs a)
   const int item_idx = int(blockIdx.x) / kvh, h = int(blockIdx.x) % kvh;
   const SelItem it = a.sel_items[item_idx];
   const int nb = it.p / a.pool.bs + 1;
-  uint32_t* keys = nb <= kTopkSmemKeys ? skeys : a.block_keys + it.key_off + int64_t(h) * nb;
-  pool_and_select(a, it, item_idx, h, a.chunk_scores + it.cs_off + int64_t(h) * it.ncol, keys);
+  const uint32_t* keys = a.block_keys + it.key_off + int64_t(h) * nb;
+  if (nb <= kTopkSmemKeys) {
+    for (int k = threadIdx.x; k < nb; k += blockDim.x) skeys[k] = keys[k];
+    __syncthreads();
+    keys = skeys;
+  }
+  select_top(a, it, item_idx, h, keys);
 }
 
 template <typename K>
@@ -396,12 +506,12 @@ void set_smem(K kernel, size_t bytes, bool& done) {
 
 template <int D>
 void select_d(const SparseArgs& a, cudaStream_t st) {
-  constexpr size_t smem = size_t(kWarps) * 2 * 32 * D * 2;
+  constexpr size_t smem = scoring_smem<D>();
   const unsigned units = unsigned(int64_t(a.n_sel_items) * a.pool.kvh);
   if (a.sel_splits <= 1) {
     static bool attr = false;
     set_smem(select_fused_kernel<D>, smem, attr);
-    select_fused_kernel<D><<<units, kWarps * 32, smem, st>>>(a);
+    select_fused_kernel<D><<<unsigned(int64_t(a.n_sel_groups) * a.pool.kvh), kWarps * 32, smem, st>>>(a);
     SALA_CUDA_LAUNCH("select kernel");
     return;
   }
@@ -414,6 +524,8 @@ void select_d(const SparseArgs& a, cudaStream_t st) {
   SALA_CUDA_LAUNCH("select lse kernel");
   select_colsum_kernel<D><<<split_units, kWarps * 32, smem, st>>>(a);
   SALA_CUDA_LAUNCH("select colsum kernel");
+  select_pool_kernel<<<units * kPoolCtas, 256, 0, st>>>(a);
+  SALA_CUDA_LAUNCH("select pool kernel");
   select_topk_kernel<<<units, kTopkThreads, kTopkSmemKeys * 4, st>>>(a);
   SALA_CUDA_LAUNCH("select top-k kernel");
 }
