@@ -319,6 +319,17 @@ std::vector<float> CudaBackend::debug_pool(int which) {
   return out;
 }
 
+void CudaBackend::debug_fill_pools_random(uint64_t seed) {
+  SALA_CHECK(k_, "cuda debug_fill_pools_random: no sparse caches");
+  const size_t row = size_t(spec_.kv_heads) * spec_.head_dim;
+  const size_t pages = size_t(spec_.sparse_layers) * spec_.max_pages;
+  const size_t per_page[4] = {size_t(spec_.block_size), size_t(spec_.block_size), size_t(k1pp_), size_t(k2pp_)};
+  void* pools[4] = {k_, v_, k1_, k2_};
+  for (int i = 0; i < 4; ++i)
+    cuda::launch_random_bf16(pools[i], int64_t(pages * per_page[i] * row), 0.f, 1.f, seed + uint64_t(i), stream_);
+  synchronize();
+}
+
 // ---- batch metadata ----
 
 // The selection's scoring reads every K1/K2 row of the context once per (token, KV head): at 1M

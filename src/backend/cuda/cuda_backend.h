@@ -127,6 +127,8 @@ class CudaBackend final : public Backend {
   const std::vector<cuda::SelItem>& debug_sel_items() const { return sel_items_host_; }
   std::vector<int32_t> debug_selection();
   std::vector<float> debug_pool(int which);
+  // Fills the K, V, K1 and K2 pools with random bf16 (benchmarks of long contexts without their prefill).
+  void debug_fill_pools_random(uint64_t seed);
   // Forces small-N products through cuBLAS (false) or allows the GEMV kernel (true, default).
   void set_use_gemv(bool on) { use_gemv_ = on; }
   // GEMV variant (benchmarks): 0 automatic, 1 FMA, 2 tensor cores 4 warps, 3 tensor cores 16 warps.

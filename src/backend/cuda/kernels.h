@@ -29,7 +29,7 @@ struct AttnItem {
 };
 
 // One (token row, all KV heads) that needs InfLLM-v2 block selection.
-constexpr int kSelectGroupTokens = 4;  // prefill selection: tokens of one sequence per scoring CTA
+constexpr int kSelectGroupTokens = 8;  // prefill selection: tokens of one sequence per scoring CTA
 
 struct SelItem {
   int32_t seq, row, p, T;
