@@ -156,24 +156,31 @@ void Model::sparse_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out
 }
 
 // Key of a decode-shaped forward for backend graph replay (0: not graphed). It fixes every op and
-// shape the model issues: the token count, each sequence's packing and regime, the logit rows
-// (gather_rows passes them in the launch) and the layers run. The backend adds what it bakes into
-// launches from begin_batch itself (work-item counts, metadata addresses).
+// shape the model issues: the token count, each sequence's packing, token count and regime, the
+// logit rows (gather_rows passes them in the launch), the layers run and the lightning k/v capture
+// (its gathers and buffers). The backend adds what it bakes into launches from begin_batch itself
+// (work-item counts, metadata addresses). Sequences of several tokens are graphed only in verify
+// forwards (capture on: at most kMaxVerifyRows each), which repeat their shapes every round; a
+// prompt chunk rarely does.
+static constexpr int64_t kMaxVerifyRows = 16;
 static uint64_t decode_graph_key(const BatchInfo& batch, std::span<const int64_t> logit_rows, int n_layers,
-                                 std::initializer_list<const void*> identity) {
+                                 bool capture, std::initializer_list<const void*> identity) {
   const int64_t n = batch.n_tokens();
-  if (n > 64 || logit_rows.empty() || int64_t(batch.seqs.size()) != n) return 0;
+  if (n > 64 || logit_rows.empty()) return 0;
+  if (!capture && int64_t(batch.seqs.size()) != n) return 0;
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](int64_t v) {
     h ^= uint64_t(v);
     h *= 1099511628211ull;
   };
-  for (const void* p : identity) mix(int64_t(reinterpret_cast<uintptr_t>(p)));  // which model
+  for (const void* p : identity) mix(int64_t(reinterpret_cast<uintptr_t>(p)));  // which model, capture buffers
   mix(n);
   mix(n_layers);
+  mix(capture ? 1 : 0);
   for (const SeqEntry& e : batch.seqs) {
-    if (e.n_new != 1) return 0;
+    if (e.n_new < 1 || e.n_new > (capture ? kMaxVerifyRows : 1)) return 0;
     mix(e.start);
+    mix(e.n_new);
     mix(e.sparse ? 1 : 0);
   }
   mix(int64_t(logit_rows.size()));
@@ -198,11 +205,18 @@ void Model::forward(const BatchInfo& batch, std::span<const int64_t> logit_rows,
   backend_.begin_batch(batch);
   captured_rows_ = 0;
   captured_layers_ = 0;
-  // Decode steps replay a recorded graph of everything up to the logits (no tracing/k-v capture).
-  const uint64_t gkey = trace_rms_ || capture_on_ ? 0 : decode_graph_key(batch, logit_rows, n_layers,
-                                                                               {ws_->data(), weights_.embed.w.data,
-                                                                                weights_.lm_head.w.data});
+  // Decode and verify steps replay a recorded graph of everything up to the logits (not traced runs).
+  const uint64_t gkey =
+      trace_rms_ ? 0
+                 : decode_graph_key(batch, logit_rows, n_layers, capture_on_,
+                                    {ws_->data(), weights_.embed.w.data, weights_.lm_head.w.data,
+                                     capture_on_ && capture_buf_ ? capture_buf_->data() : nullptr});
   if (gkey && backend_.graph_replay(gkey)) {
+    if (capture_on_) {  // what the recorded lightning_mixer calls captured (rollback reads these)
+      captured_rows_ = std::min(n, capture_cap_);
+      for (int i = 0; i < n_layers; ++i)
+        if (weights_.layers[size_t(i)].kind == MixerKind::Lightning) captured_layers_ = config_.kind_index(i) + 1;
+    }
     backend_.download(logits_out_.slice_rows(0, int64_t(logit_rows.size())), logits.data());
     return;
   }

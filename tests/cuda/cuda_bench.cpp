@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -116,8 +117,12 @@ int run_bench(int argc, char** argv) {
     }
   }
 
+  // SALA_BENCH_ONLY=long-decode[-1m] runs only the ceilings and the long-context sparse decode (profiling).
+  const char* only_env = std::getenv("SALA_BENCH_ONLY");
+  const bool all_sections = !only_env || !*only_env;
+
   // Decode products: GEMV at N = 1..8 (bandwidth bound on the weight).
-  {
+  if (all_sections) {
     struct S {
       int64_t out, in;
     };
@@ -151,7 +156,7 @@ int run_bench(int argc, char** argv) {
   // Weight::nbytes) per format, against the copy ceiling; warps per CTA auto / 4 / 16, without
   // the early dependent launch (nodep), batched decode N = 16, 32 (with the bf16 cuBLAS time for
   // the same shape); and the prefill path (row blocks dequantized to bf16 + cuBLAS) at N = 512 against the GEMM peak.
-  {
+  if (all_sections) {
     struct F {
       const char* name;
       WeightFormat f;
@@ -222,7 +227,7 @@ int run_bench(int argc, char** argv) {
   }
 
   // Elementwise and norms at decode and prefill sizes.
-  {
+  if (all_sections) {
     for (int64_t rows : {int64_t(1), int64_t(512)}) {
       const int64_t cols = rows == 1 ? 16384 : 16384;
       auto ab = be.alloc(size_t(rows * cols) * 2), bb = be.alloc(size_t(rows * cols) * 2),
@@ -243,7 +248,7 @@ int run_bench(int argc, char** argv) {
   }
 
   // Lightning: recurrent decode (state streaming) and chunked prefill, 9B geometry, one layer.
-  {
+  if (all_sections) {
     CacheSpec spec;
     spec.lightning_layers = 1;
     spec.lightning_heads = 32;
@@ -299,7 +304,7 @@ int run_bench(int argc, char** argv) {
   }
 
   // Sparse layer (9B geometry, one layer): prefill chunks, then decode at several contexts.
-  {
+  if (all_sections) {
     CacheSpec spec;
     spec.sparse_layers = 1;
     spec.kv_heads = 2, spec.head_dim = 128, spec.q_heads = 32;
@@ -406,8 +411,11 @@ int run_bench(int argc, char** argv) {
     Mat o{base + 9216, DType::BF16, 1, 4096};
     auto h = host_rand(4096, 1.0f, 6);
     be.upload(q, h.data()), be.upload(k, h.data()), be.upload(v, h.data() + 256);
+    // SALA_BENCH_ONLY=long-decode-1m: 1M with the automatic split only (for a profiler).
+    const bool one = !all_sections && std::strcmp(only_env, "long-decode-1m") == 0;
     for (int64_t T : {int64_t(131072), int64_t(524288), int64_t(1048576)})
       for (int splits : {-1, 16, 32, 64, 128}) {
+        if (one && (T != 1048576 || splits != -1)) continue;
         be.set_select_splits(splits);
         BatchInfo b;
         SeqEntry e;
