@@ -13,16 +13,9 @@ from collections import defaultdict
 
 
 def short(name):
-    name = re.sub(r"\(.*", "", name)  # drop the parameter list
-    depth, out = 0, []
-    for ch in name:  # drop template arguments
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth -= 1
-        elif depth == 0:
-            out.append(ch)
-    return "".join(out).split("::")[-1]
+    name = re.sub(r"\([^()]*\)$", "", name.strip())  # drop the parameter list
+    name = re.sub(r"<[^<>]*>$", "", name)  # and the template arguments of the kernel itself
+    return name.split("::")[-1].split()[-1]
 
 
 def main():
@@ -35,7 +28,7 @@ def main():
     for r in csv.DictReader(lines):
         if r.get("Metric Name") != "gpu__time_duration.sum":
             continue
-        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(r.get("Metric Unit", ""), 1.0)
+        scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}.get(r.get("Metric Unit", ""), 1.0)
         rows.append((short(r["Kernel Name"]), float(r["Metric Value"].replace(",", "")) * scale))
     if not rows:
         sys.exit(f"{sys.argv[1]}: no gpu__time_duration.sum rows")

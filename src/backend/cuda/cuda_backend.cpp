@@ -607,6 +607,8 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
     sel_.reserve(std::max<size_t>(size_t(n_sel_) * kvh * std::max(kmax, 1) * 4, 256));
     scores_.reserve(std::max<size_t>(size_t(cs_total) * 4, 256));
     keys_.reserve(std::max<size_t>(size_t(keys_total) * 4, 256));
+    if (sel_splits_ > 1)
+      cand_.reserve(std::max<size_t>(size_t(n_sel_) * kvh * cuda::kSelectPoolCtas * std::max(kmax, 1) * 4, 256));
     sel_ml_.reserve(std::max<size_t>(size_t(n_sel_) * kvh * sel_splits_ * (spec_.q_heads / kvh) * 2 * 4, 256));
     partial_.reserve(std::max<size_t>(size_t(partial_slots) * 16 * spec_.head_dim * 4, 256));
     partial_ml_.reserve(std::max<size_t>(size_t(partial_slots) * 16 * 2 * 4, 256));
@@ -651,7 +653,7 @@ uint64_t CudaBackend::launch_signature() const {
                         static_cast<const void*>(d_sel_items_), static_cast<const void*>(d_sel_groups_),
                         static_cast<const void*>(d_items_),
                         static_cast<const void*>(d_combine_), static_cast<const void*>(d_dense_items_),
-                        sel_.data(), scores_.data(), keys_.data(), sel_ml_.data(), partial_.data(), partial_ml_.data(),
+                        sel_.data(), scores_.data(), keys_.data(), cand_.data(), sel_ml_.data(), partial_.data(), partial_ml_.data(),
                         x_bf16_.data(), k_, v_, k1_, k2_, static_cast<const void*>(states_),
                         static_cast<const void*>(log_decay_)})
     f(p);
@@ -1066,6 +1068,7 @@ void CudaBackend::sparse_attention(int layer, const Mat& q, const Mat& k, const 
   a.sel_ml = static_cast<float*>(sel_ml_.data());
   a.chunk_scores = static_cast<float*>(scores_.data());
   a.block_keys = static_cast<uint32_t*>(keys_.data());
+  a.sel_cand = static_cast<uint32_t*>(cand_.data());
   a.sel = static_cast<int32_t*>(sel_.data());
   a.items = d_items_, a.n_items = n_items_;
   a.partial = static_cast<float*>(partial_.data());

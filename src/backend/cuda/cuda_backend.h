@@ -211,6 +211,7 @@ class CudaBackend final : public Backend {
   DeviceArena sel_;        // selection lists
   DeviceArena scores_;     // stage-1 chunk scores
   DeviceArena keys_;       // pooled block keys
+  DeviceArena cand_;       // split selection: each pooling CTA's top-K candidate keys
   DeviceArena sel_ml_;     // per-split (max, sum) of the selection's K2 pass
   DeviceArena partial_;    // split-attention partials
   DeviceArena partial_ml_;

@@ -30,6 +30,7 @@ struct AttnItem {
 
 // One (token row, all KV heads) that needs InfLLM-v2 block selection.
 constexpr int kSelectGroupTokens = 8;  // prefill selection: tokens of one sequence per scoring CTA
+constexpr int kSelectPoolCtas = 16;    // split selection: CTAs pooling one (item, KV head)'s block keys
 
 struct SelItem {
   int32_t seq, row, p, T;
@@ -198,6 +199,7 @@ struct SparseArgs {
   float* sel_ml;            // split scratch: [item][kv head][split][G] (max, sum) of K2 pass
   float* chunk_scores;      // scratch (SelItem::cs_off)
   uint32_t* block_keys;     // scratch (SelItem::key_off)
+  uint32_t* sel_cand;       // split path: [item][kv head][kSelectPoolCtas][kmax] candidate keys
   int32_t* sel;             // [n_sel_items][kv_heads][kmax]
   // attention
   const AttnItem* items;

@@ -10,7 +10,8 @@
 //   fused  one CTA of 8 warps per (token, KV head) does both passes and the top-K — prefill, where
 //          thousands of CTAs fill the GPU (each token re-reads its K1/K2 rows, mostly from L2).
 //   split  decode (few tokens, long contexts): the K2 log-sum-exp pass and the K1 column-sum pass
-//          each run over S CTAs per (token, head), then a wide pooling kernel and one top-K CTA.
+//          each run over S CTAs per (token, head), then 16 pooling CTAs per (token, head) that
+//          also keep their segment's top-K candidates, and one top-K CTA over the candidates.
 //          At 1M, batch 1: 2 CTAs streaming 40 MB per layer → 2·S CTAs; the whole decode step
 //          went from 13.1 to 7.3 ms (H200, 2026-11-24; docs/cuda-backend.md).
 // Top-K: the nsel-th largest of the unique 32-bit keys (bf16 score bits, block index) by a 4-pass
@@ -28,7 +29,6 @@ namespace {
 constexpr int kWarps = 8;       // warps of a scoring CTA; they split the key tiles
 constexpr int kGroupTokens = kSelectGroupTokens;  // tokens of one sequence sharing a prefill scoring CTA
 constexpr int kTopkThreads = 512;
-constexpr int kTopkSmemKeys = 16384;  // block keys held in shared memory by the split path's top-K
 
 __device__ __forceinline__ uint32_t block_key(float score, int k) {
   uint32_t u = __float_as_uint(score);
@@ -307,9 +307,10 @@ __device__ __forceinline__ uint32_t pooled_key(const PoolGeom& g, const SelItem&
   return block_key(score, k);
 }
 
-// Writes the blocks with key ≥ thr in ascending order: each warp counts its own segment, the
-// counts give each warp its offset, then the warps write.
-__device__ void compact_ascending(const uint32_t* keys, int nb, uint32_t thr, int32_t* sel) {
+// Writes emit(k) for the positions k with keys[k] ≥ thr, in ascending order: each warp counts its
+// own segment, the counts give each warp its offset, then the warps write.
+template <typename T, typename Emit>
+__device__ void compact_ascending(const uint32_t* keys, int nb, uint32_t thr, T* out, Emit emit) {
   __shared__ int s_cnt[32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
   const int seg = ((nb + nw - 1) / nw + 31) / 32 * 32;
@@ -325,7 +326,7 @@ __device__ void compact_ascending(const uint32_t* keys, int nb, uint32_t thr, in
     const int k = base + lane;
     const bool take = k < b1 && keys[k] >= thr;
     const uint32_t ballot = __ballot_sync(0xffffffffu, take);
-    if (take) sel[off + __popc(ballot & ((1u << lane) - 1u))] = k;
+    if (take) out[off + __popc(ballot & ((1u << lane) - 1u))] = emit(k);
     off += __popc(ballot);
   }
 }
@@ -334,7 +335,8 @@ __device__ void compact_ascending(const uint32_t* keys, int nb, uint32_t thr, in
 __device__ void select_top(const SparseArgs& a, const SelItem& it, int item_idx, int h, const uint32_t* keys) {
   const int nb = it.p / a.pool.bs + 1;
   const uint32_t thr = kth_largest_key(keys, nb, it.nsel);
-  compact_ascending(keys, nb, thr, a.sel + (int64_t(item_idx) * a.pool.kvh + h) * a.kmax);
+  compact_ascending(keys, nb, thr, a.sel + (int64_t(item_idx) * a.pool.kvh + h) * a.kmax,
+                    [](int k) { return int32_t(k); });
 }
 
 // Shared memory of a scoring CTA: each warp's two key tiles, then the token group.
@@ -468,33 +470,46 @@ __global__ void __launch_bounds__(kWarps * 32) select_colsum_kernel(SparseArgs a
   }
 }
 
-// Split path: the block keys of each (item, KV head) pooled by kPoolCtas CTAs into global memory,
-// then one CTA per (item, KV head) stages them in shared memory and takes the top-K.
-constexpr int kPoolCtas = 16;
+// Split path, top-K in two stages (exact): kPoolCtas CTAs per (item, KV head) each pool one
+// contiguous segment of the block keys into shared memory and keep the segment's own top-nsel keys
+// (every key of the global top-nsel is in its segment's), in block order; one CTA then selects
+// from those kPoolCtas·kmax candidates, padded with key 0 (below every real key: even a −∞ score
+// keeps the high bits of its key non-zero). At 1M context that is 1536 keys instead of 16384
+// in the final single-CTA select (ncu, H200: 46.7 µs for the one-stage top-K of 16384 keys).
+constexpr int kPoolCtas = kSelectPoolCtas;
+constexpr int kPoolSegKeys = 65536 / kPoolCtas;  // blocks ≤ 65536 (the key's index field; checked on the host)
 __global__ void __launch_bounds__(256) select_pool_kernel(SparseArgs a) {
+  __shared__ uint32_t skeys[kPoolSegKeys];
   const int kvh = a.pool.kvh;
   const int unit = int(blockIdx.x) / kPoolCtas, part = int(blockIdx.x) % kPoolCtas;
   const int item_idx = unit / kvh, h = unit % kvh;
   const SelItem it = a.sel_items[item_idx];
-  const int nb = it.p / a.pool.bs + 1;
+  const int nb = it.p / a.pool.bs + 1, seg = (nb + kPoolCtas - 1) / kPoolCtas;
+  const int b0 = min(nb, part * seg), n = min(nb, b0 + seg) - b0;
   const float* cs = a.chunk_scores + it.cs_off + int64_t(h) * it.ncol;
-  uint32_t* keys = a.block_keys + it.key_off + int64_t(h) * nb;
-  for (int k = part * blockDim.x + threadIdx.x; k < nb; k += kPoolCtas * blockDim.x) keys[k] = pooled_key(a.pool, it, cs, k);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) skeys[i] = pooled_key(a.pool, it, cs, b0 + i);
+  __syncthreads();
+  uint32_t* cand = a.sel_cand + (int64_t(unit) * kPoolCtas + part) * a.kmax;
+  const int m = min(it.nsel, n);
+  if (m > 0) {
+    const uint32_t thr = kth_largest_key(skeys, n, m);
+    compact_ascending(skeys, n, thr, cand, [&](int k) { return skeys[k]; });
+  }
+  for (int i = m + int(threadIdx.x); i < a.kmax; i += blockDim.x) cand[i] = 0u;
 }
 
 __global__ void __launch_bounds__(kTopkThreads) select_topk_kernel(SparseArgs a) {
-  extern __shared__ uint32_t skeys[];
+  extern __shared__ uint32_t skeys[];  // kPoolCtas · kmax candidates
   const int kvh = a.pool.kvh;
   const int item_idx = int(blockIdx.x) / kvh, h = int(blockIdx.x) % kvh;
   const SelItem it = a.sel_items[item_idx];
-  const int nb = it.p / a.pool.bs + 1;
-  const uint32_t* keys = a.block_keys + it.key_off + int64_t(h) * nb;
-  if (nb <= kTopkSmemKeys) {
-    for (int k = threadIdx.x; k < nb; k += blockDim.x) skeys[k] = keys[k];
-    __syncthreads();
-    keys = skeys;
-  }
-  select_top(a, it, item_idx, h, keys);
+  const int nc = kPoolCtas * a.kmax;
+  const uint32_t* cand = a.sel_cand + int64_t(blockIdx.x) * nc;
+  for (int k = threadIdx.x; k < nc; k += blockDim.x) skeys[k] = cand[k];
+  __syncthreads();
+  const uint32_t thr = kth_largest_key(skeys, nc, it.nsel);
+  compact_ascending(skeys, nc, thr, a.sel + (int64_t(item_idx) * kvh + h) * a.kmax,
+                    [&](int k) { return int32_t(0xFFFFu - (skeys[k] & 0xFFFFu)); });
 }
 
 template <typename K>
@@ -518,7 +533,8 @@ void select_d(const SparseArgs& a, cudaStream_t st) {
   static bool attr_lse = false, attr_col = false, attr_topk = false;
   set_smem(select_lse_kernel<D>, smem, attr_lse);
   set_smem(select_colsum_kernel<D>, smem, attr_col);
-  set_smem(select_topk_kernel, kTopkSmemKeys * 4, attr_topk);
+  const size_t topk_smem = size_t(kPoolCtas) * size_t(a.kmax) * 4;
+  if (topk_smem > 48 * 1024) set_smem(select_topk_kernel, topk_smem, attr_topk);
   const unsigned split_units = units * unsigned(a.sel_splits);
   select_lse_kernel<D><<<split_units, kWarps * 32, smem, st>>>(a);
   SALA_CUDA_LAUNCH("select lse kernel");
@@ -526,7 +542,7 @@ void select_d(const SparseArgs& a, cudaStream_t st) {
   SALA_CUDA_LAUNCH("select colsum kernel");
   select_pool_kernel<<<units * kPoolCtas, 256, 0, st>>>(a);
   SALA_CUDA_LAUNCH("select pool kernel");
-  select_topk_kernel<<<units, kTopkThreads, kTopkSmemKeys * 4, st>>>(a);
+  select_topk_kernel<<<units, kTopkThreads, topk_smem, st>>>(a);
   SALA_CUDA_LAUNCH("select top-k kernel");
 }
 
