@@ -7,7 +7,11 @@ packages=(
   nlohmann-json3-dev libfmt-dev libspdlog-dev libcli11-dev libcpp-httplib-dev libcurl4-openssl-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-torch python3-matplotlib
+  curl jq bsdutils  # tests/cli/test_server.sh, test_models.sh (bsdutils: script(1), a terminal for the progress bar)
 )
+# The server test's official openai client needs node + npm. Debian's are installed only when no
+# node is on the PATH: a NodeSource (or nvm) node brings its own npm, which Debian's npm conflicts with.
+command -v node >/dev/null 2>&1 || packages+=(nodejs npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -71,6 +71,8 @@ Runner setup(CLI::App& app) {
   dl->add_option("--revision", o->revision, "branch, tag or commit")->capture_default_str();
   CLI::App* rm = app.add_subcommand("rm", "Delete a model from the models directory");
   rm->add_option("ID", o->id, "model id")->required();
+  // `sala models list --models-dir DIR` as well as `sala models --models-dir DIR list`.
+  for (CLI::App* sub : {list, dl, rm}) sub->fallthrough();
 
   return [o, list, dl, rm] {
     ModelRegistry registry(o->models_dir.empty() ? ModelRegistry::default_models_dir()

@@ -32,7 +32,7 @@ volatile std::sig_atomic_t g_signal = 0;  // set by the SIGINT/SIGTERM handler
 
 Runner setup(CLI::App& app) {
   struct Opts {
-    std::string model, random, host = "127.0.0.1", api_key, models_dir, cors_origin, reasoning = "parsed";
+    std::string model, random, host = "127.0.0.1", api_key, models_dir, cors_origin, reasoning = "parsed", script;
     std::vector<std::string> aliases;
     int port = 8080, max_running = 8, max_queue = 128, max_tokens = -1, load_delay_ms = 0;
     int64_t ctx_size = 4096, prefill_chunk = 256, batch_tokens = 512;
@@ -73,6 +73,8 @@ Runner setup(CLI::App& app) {
   o->backend.add(app);
   // Tests only: hold the model load back, so the "loading" state can be observed.
   app.add_option("--debug-load-delay-ms", o->load_delay_ms)->group("");
+  // Tests only: every answer's tokens are replaced by those of TEXT (see WorkerOptions::debug_script).
+  app.add_option("--debug-script", o->script)->group("");
 
   return [o] {
     if (o->api_key.empty())
@@ -103,6 +105,7 @@ Runner setup(CLI::App& app) {
     wo.max_queue = o->max_queue;
     wo.prefill_chunk = o->prefill_chunk;
     wo.speculative = o->speculative.options();
+    wo.debug_script = o->script;
     // Room for every decode row, and speculating for one full verify next to them.
     wo.max_batch_tokens = std::max<int64_t>(
         o->batch_tokens, o->max_running + (o->speculative.on() ? o->speculative.draft_tokens : 0));

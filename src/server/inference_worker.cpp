@@ -37,6 +37,8 @@ struct InferenceWorker::Live {
   int64_t prompt_tokens, generated = 0;
   Clock::time_point arrival;
   int sched_id = -1;
+  size_t script_pos = 0;     // --debug-script: next scripted token
+  bool script_done = false;  // --debug-script: ended after the script
 };
 
 InferenceWorker::InferenceWorker(WorkerOptions options, Metrics& metrics) : options_(options), metrics_(metrics) {
@@ -115,6 +117,7 @@ void InferenceWorker::main(Loader loader) {
     limits.max_logit_rows = int64_t(options_.max_running) * (spec ? options_.speculative.draft_tokens + 1 : 1);
     bundle_ = loader(limits);
     SALA_CHECK(bundle_.model.model && bundle_.tokenizer, "model loader returned no model");
+    if (!options_.debug_script.empty()) script_ = bundle_.tokenizer->encode(options_.debug_script, false);
     engine_ = std::make_unique<Engine>(*bundle_.model.model,
                                        EngineOptions{.max_sequences = options_.max_running, .max_context = options_.ctx_size});
     scheduler_ = std::make_unique<Scheduler>(
@@ -155,10 +158,22 @@ void InferenceWorker::start_job(Pending& p) {
   req.prompt = std::move(p.job.prompt);
   req.sampling = p.job.sampling;
   req.max_tokens = p.job.max_tokens;
-  req.ignore_eos = p.job.ignore_eos;
+  req.ignore_eos = p.job.ignore_eos || !script_.empty();  // a script ends where it ends
   const uint64_t ticket = p.channel->ticket();
   Live* l = live.get();  // the callbacks live inside the scheduler, which never outlives live_'s entry
-  req.on_token = [this, l](const SampledToken& tok) {
+  req.on_token = [this, l](const SampledToken& sampled) {
+    const SampledToken* t = &sampled;
+    SampledToken scripted;
+    if (!script_.empty()) {
+      if (l->script_pos >= script_.size()) {
+        l->script_done = true;  // the script is over: stop, dropping this (model) token
+        return false;
+      }
+      scripted = sampled;
+      scripted.id = script_[l->script_pos++];
+      t = &scripted;
+    }
+    const SampledToken& tok = *t;
     if (l->generated++ == 0)
       metrics_.observe_ttft(std::chrono::duration<double>(Clock::now() - l->arrival).count());
     metrics_.add_generated_tokens(1);
@@ -177,7 +192,7 @@ void InferenceWorker::start_job(Pending& p) {
       if (!e.content.empty() || !e.reasoning.empty()) l->channel->push(std::move(e));
     }
     // The EOS token is not passed to on_token but is a generated token (as vLLM counts it).
-    if (why == FinishReason::Stop && !l->text.stopped()) {
+    if (why == FinishReason::Stop && !l->text.stopped() && !l->script_done) {
       ++l->generated;
       metrics_.add_generated_tokens(1);
     }

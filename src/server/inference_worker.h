@@ -77,6 +77,11 @@ struct WorkerOptions {
   int64_t prefill_chunk = 256;     // prompt tokens per sequence per step
   int64_t max_batch_tokens = 512;  // tokens per step
   SpeculativeOptions speculative;  // --speculative: drafts verified inside the batched steps
+  // Tests only (`sala serve --debug-script TEXT`): every request's generated tokens are replaced,
+  // as they reach the text stream, by the tokens of this text, and the request stops ("stop")
+  // after them; a deterministic way to push e.g. a <think> block through the reasoning split,
+  // stop strings and the HTTP formatting, which a random model never emits. Empty: off.
+  std::string debug_script;
 };
 
 // What the worker owns once loaded. Members are destroyed bottom-up: the model before its backend.
@@ -131,6 +136,7 @@ class InferenceWorker {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unordered_map<uint64_t, std::shared_ptr<Live>> live_;  // worker thread only
+  std::vector<int32_t> script_;  // options_.debug_script, tokenized at load
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

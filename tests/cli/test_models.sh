@@ -49,6 +49,26 @@ grep -Eq '^GET /org/tiny/resolve/[0-9a-f]+/model.safetensors bytes=[1-9][0-9]*-$
 jq -e '.repo == "org/tiny" and (.commit | length) == 40' "$SALA_MODELS_DIR/org/tiny/sala_download.json" >/dev/null || fail provenance
 ok "download resumes a dropped file with Range, verifies sha256, installs"
 
+# Progress on stderr: on a pipe, "N% DONE / TOTAL" lines, increasing by tens, from 0% to 100%.
+python3 - "$WORK/err" <<'PY' || fail "progress lines: $(cat "$WORK/err")"
+import re, sys
+lines = [l for l in open(sys.argv[1]).read().splitlines() if re.match(r"^\d+% ", l)]
+pat = re.compile(r"^(\d+)% ([0-9.]+ [KMGT]?B) / ([0-9.]+ [KMGT]?B)$")
+assert all(pat.match(l) for l in lines), lines
+pct = [int(pat.match(l).group(1)) for l in lines]
+assert len(pct) >= 3 and pct[0] == 0 and pct[-1] == 100 and pct == sorted(set(pct)), pct
+assert all(p % 10 == 0 for p in pct), pct
+done, total = pat.match(lines[-1]).group(2, 3)
+assert done == total, lines[-1]
+PY
+# On a terminal: one bar redrawn with \r, ending at 100% of the last file.
+script -qefc "$(printf '%q ' "$SALA" models download org/tty)" /dev/null >"$WORK/tty.out" 2>&1 </dev/null ||
+  fail "download on a terminal: $(cat "$WORK/tty.out")"
+grep -q $'\r\[#\{30\}\] 100% .* / .*file [0-9]*/[0-9]*' "$WORK/tty.out" || fail "terminal progress bar: $(cat -A "$WORK/tty.out" | tail -c 600)"
+grep -q "installed org/tty" "$WORK/tty.out" || fail "terminal download: $(cat "$WORK/tty.out")"
+"$SALA" models rm org/tty >/dev/null
+ok "download progress on stderr (lines on a pipe, a bar on a terminal)"
+
 sala_err models download org/tiny
 grep -q "already installed" "$WORK/err" || fail "re-download: $(cat "$WORK/err")"
 ok "an installed model is not downloaded again"
@@ -58,6 +78,16 @@ sala_err models download org/badsum
 grep -q "failed verification" "$WORK/err" || fail "bad checksum message: $(cat "$WORK/err")"
 [[ ! -e $SALA_MODELS_DIR/org/badsum ]] || fail "a model with a bad checksum was installed"
 ok "wrong sha256: error, nothing installed"
+
+# A file of another size than the hub advertises (config.json: no sha256, only its size to check).
+sala_err models download org/badsize
+grep -q "org/badsize@main: config.json has [0-9]* bytes, the hub says [0-9]*; the file was discarded" "$WORK/err" ||
+  fail "size mismatch message: $(cat "$WORK/err")"
+[[ ! -e $SALA_MODELS_DIR/org/badsize ]] || fail "a model with a wrong size was installed"
+! find "$SALA_MODELS_DIR/.partial" -path '*org--badsize*' -name config.json 2>/dev/null | grep -q . || fail "the wrong-size file was kept"
+"$SALA" models list >"$WORK/list"
+! grep -q "^org/badsize " "$WORK/list" || fail "models list shows org/badsize"
+ok "size differing from the advertised one: clear error, nothing installed"
 
 sala_err models download org/redirectbad
 grep -q "failed verification" "$WORK/err" && [[ ! -e $SALA_MODELS_DIR/org/redirectbad ]] || fail "bad X-Linked-Etag: $(cat "$WORK/err")"
@@ -73,9 +103,21 @@ HF_TOKEN=hf_test timeout 120 "$SALA" models download private/tiny >/dev/null 2>"
 sala_err models download "../etc"
 ok "404 and 401 give clear messages; HF_TOKEN is sent"
 
-# A revision the hub does not know.
-sala_err models download missing/x --revision v9
-grep -q "HTTP 404" "$WORK/err" || fail "revision 404"
+# Revisions: org/tagged exists only at "v2" (the mock hub honours revisions).
+sala_err models download org/tagged
+grep -q "org/tagged@main: not found on .*(HTTP 404)" "$WORK/err" || fail "unknown revision main: $(cat "$WORK/err")"
+[[ ! -e $SALA_MODELS_DIR/org/tagged ]] || fail "org/tagged installed without its revision"
+sala_err models download org/tiny2 --revision v9
+grep -q "org/tiny2@v9: not found on .*(HTTP 404)" "$WORK/err" || fail "revision v9: $(cat "$WORK/err")"
+[[ ! -e $SALA_MODELS_DIR/org/tiny2 ]] || fail "org/tiny2 installed at an unknown revision"
+timeout 120 "$SALA" models download org/tagged --revision v2 >"$WORK/out" 2>"$WORK/err" || fail "--revision v2: $(cat "$WORK/err")"
+same_files "$SALA_MODELS_DIR/org/tagged"
+jq -e '.revision == "v2" and .commit == "fedcba9876543210fedcba9876543210fedcba98"' "$SALA_MODELS_DIR/org/tagged/sala_download.json" >/dev/null ||
+  fail "provenance of v2: $(cat "$SALA_MODELS_DIR/org/tagged/sala_download.json")"
+grep -q '^GET /org/tagged/resolve/fedcba9876543210fedcba9876543210fedcba98/config.json ' "$WORK/hub.access" ||
+  fail "files not fetched at the revision's commit: $(grep tagged "$WORK/hub.access")"
+"$SALA" models rm org/tagged >/dev/null
+ok "--revision: a repository only at v2 downloads with --revision v2 (files at its commit), not without"
 
 # --- The Hugging Face cache layout, read-only ----------------------------------------------------
 SNAP=$HF_HUB_CACHE/models--cache--tiny/snapshots/abc123
@@ -163,5 +205,40 @@ wait "$S2" || fail "serve2 exit"
 sala_err serve --model nowhere/none --port 0
 grep -q "not found" "$WORK/err" || fail "unknown model message"
 ok "serve resolves ids from the models directory; unknown ids fail clearly"
+
+# --- --models-dir: wins over $SALA_MODELS_DIR, for `serve` and `models` ------------------------------
+MD=$SALA_MODELS_DIR
+EMPTY=$WORK/empty-models
+mkdir -p "$EMPTY"
+export SALA_MODELS_DIR=$EMPTY
+sala_err serve --model org/tiny --port 0
+grep -q "not found" "$WORK/err" || fail "org/tiny resolved without --models-dir: $(cat "$WORK/err")"
+PORT=$(free_port)
+"$SALA" serve --model org/tiny --models-dir "$MD" --port "$PORT" --backend cpu --ctx-size 64 >"$WORK/serve3.log" 2>&1 &
+S3=$!
+PIDS+=("$S3")
+U3=http://127.0.0.1:$PORT
+for _ in $(seq 200); do [[ $(curl -s -o /dev/null -w '%{http_code}' "$U3/health") == 200 ]] && break; sleep 0.1; done
+grep -q "model 'org/tiny' from $MD/org/tiny" "$WORK/serve3.log" || fail "--models-dir: $(cat "$WORK/serve3.log")"
+curl -s "$U3/v1/models" >"$WORK/models3.json"
+jq -e '.data[0].id == "org/tiny" and .data[0].source == "models-dir" and .data[0].loaded
+  and (.data | map(.id) | index("private/tiny") != null)' "$WORK/models3.json" >/dev/null ||
+  fail "/v1/models with --models-dir: $(cat "$WORK/models3.json")"
+kill -TERM "$S3"
+wait "$S3" || fail "serve3 exit"
+
+"$SALA" models list >"$WORK/list"
+! grep -q "^org/tiny " "$WORK/list" || fail "models list without --models-dir shows org/tiny"
+for form in "models --models-dir $MD list" "models list --models-dir $MD"; do
+  "$SALA" $form >"$WORK/list" || fail "sala $form"
+  grep -q "^org/tiny .*models-dir" "$WORK/list" || fail "sala $form: $(cat "$WORK/list")"
+done
+OTHER=$WORK/other-models
+timeout 120 "$SALA" models download org/third --models-dir "$OTHER" >/dev/null 2>"$WORK/err" || fail "download --models-dir: $(cat "$WORK/err")"
+same_files "$OTHER/org/third"
+[[ ! -e $EMPTY/org ]] || fail "download went to \$SALA_MODELS_DIR"
+"$SALA" models rm org/third --models-dir "$OTHER" >/dev/null || fail "rm --models-dir"
+[[ ! -e $OTHER/org/third ]] || fail "rm --models-dir left the model"
+ok "--models-dir wins over \$SALA_MODELS_DIR (serve, models list/download/rm)"
 
 echo "test_models: all passed"

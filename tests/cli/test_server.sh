@@ -25,18 +25,24 @@ CLIENT="python3 $SALA_ROOT/tests/server/load_client.py"
 MODEL=$WORK/tiny
 "$SALA" init "$MODEL" --preset tiny --seed 1 >/dev/null
 
-# start_server NAME ARGS...: sets URL_<NAME>, PID_<NAME>; does not wait for the model.
+# start_server NAME ARGS...: sets URL_<NAME>, PID_<NAME>; does not wait for the model. Serves
+# $MODEL unless ARGS name a --model; the URL uses the --host of ARGS (default 127.0.0.1).
 start_server() {
   local name=$1; shift
   local port; port=$(free_port)
-  "$SALA" serve --model "$MODEL" --port "$port" --backend cpu "$@" >"$WORK/$name.log" 2>&1 &
+  local host=127.0.0.1 args=("$@") margs=(--model "$MODEL") i
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    [[ ${args[i]} == --host ]] && host=${args[i + 1]}
+    [[ ${args[i]} == --model ]] && margs=()
+  done
+  "$SALA" serve "${margs[@]}" --port "$port" --backend cpu "$@" >"$WORK/$name.log" 2>&1 &
   local pid=$!
   PIDS+=("$pid")
-  printf -v "URL_$name" 'http://127.0.0.1:%s' "$port"
+  printf -v "URL_$name" 'http://%s:%s' "$host" "$port"
   printf -v "PID_$name" '%s' "$pid"
   # Bounded wait for the socket (any HTTP answer).
   for _ in $(seq 100); do
-    curl -s -o /dev/null "http://127.0.0.1:$port/health" && return 0
+    curl -s -o /dev/null "http://$host:$port/health" && return 0
     kill -0 "$pid" 2>/dev/null || fail "server $name exited early"
     sleep 0.1
   done
@@ -167,6 +173,28 @@ jq -e '.choices[0].logprobs | (.tokens | length) == 4 and (.token_logprobs | len
   "$WORK/body" >/dev/null || fail "completion logprobs: $(cat "$WORK/body")"
 ok "logprobs / top_logprobs in both formats"
 
+# Each per-request sampling field reaches the sampler. Greedy: presence_penalty and
+# frequency_penalty (the prompt and the answer are the history) change the answer. Sampled with a
+# fixed seed: the answer differs from the greedy one, unless top_p keeps only the nucleus of one
+# token or min_p = 1 keeps only the most likely one.
+completion_text() {  # BODY -> the answer as JSON (every byte kept)
+  [[ $(req POST "$U/v1/completions" "$1") == 200 ]] || fail "completion $1: $(cat "$WORK/body")"
+  jq -c '.choices[0].text' "$WORK/body"
+}
+SEA='"prompt":"The sea","max_tokens":40,"ignore_eos":true'
+G40=$(completion_text "{$SEA,\"temperature\":0}")
+[[ $(completion_text "{$SEA,\"temperature\":0}") == "$G40" ]] || fail "greedy is not reproducible"
+[[ $(completion_text "{$SEA,\"temperature\":0,\"frequency_penalty\":2}") != "$G40" ]] || fail "frequency_penalty ignored"
+[[ $(completion_text "{$SEA,\"temperature\":0,\"presence_penalty\":2}") != "$G40" ]] || fail "presence_penalty ignored"
+[[ $(completion_text "{$SEA,\"temperature\":0,\"repetition_penalty\":3}") != "$G40" ]] || fail "repetition_penalty ignored"
+[[ $(completion_text "{$SEA,\"temperature\":1,\"seed\":3}") != "$G40" ]] || fail "seeded sampling gave the greedy answer"
+[[ $(completion_text "{$SEA,\"temperature\":1,\"seed\":3,\"top_p\":0.000001}") == "$G40" ]] || fail "top_p ignored"
+[[ $(completion_text "{$SEA,\"temperature\":1,\"seed\":3,\"min_p\":1}") == "$G40" ]] || fail "min_p ignored"
+[[ $(completion_text "{$SEA,\"temperature\":1,\"seed\":3,\"top_k\":1}") == "$G40" ]] || fail "top_k ignored"
+# The server default temperature is 1: two unseeded requests differ.
+[[ $(completion_text "{$SEA}") != $(completion_text "{$SEA}") ]] || fail "default temperature: two unseeded answers are equal"
+ok "top_p, min_p, top_k, presence/frequency/repetition penalties reach the sampler"
+
 # --- Errors ---------------------------------------------------------------------------------------
 expect_error 400 invalid_request_error POST "$U/v1/chat/completions" '{"messages": [}'
 expect_error 400 invalid_request_error POST "$U/v1/chat/completions" '[1,2]'
@@ -284,6 +312,107 @@ for mode in self lookup; do
 done
 [[ $(metric "$U" sala_speculative_verify_steps_total) == 0 ]] || fail "the plain server counted verify steps"
 ok "--speculative self|lookup: same greedy outputs as the plain server, counters in /metrics"
+
+# --- Server-wide defaults (--temperature, --max-tokens) and --host ----------------------------------
+# --temperature 0: unseeded requests that give no temperature are greedy (the main server's
+# temperature-0 answer); --max-tokens 5: requests without max_tokens end with "length" at 5 tokens.
+start_server defaults --host 127.0.0.1 --deterministic --ctx-size 512 --temperature 0 --max-tokens 5
+D=$URL_defaults
+wait_ready "$D"
+grep -q "listening on http://127.0.0.1:" "$WORK/defaults.log" || fail "--host 127.0.0.1 not announced"
+[[ $(req POST "$D/v1/completions" '{"prompt":"Once upon a time","ignore_eos":true}') == 200 ]] || fail "defaults: $(cat "$WORK/body")"
+jq -e '.usage.completion_tokens == 5 and .choices[0].finish_reason == "length"' "$WORK/body" >/dev/null ||
+  fail "--max-tokens 5: $(cat "$WORK/body")"
+[[ $(req POST "$D/v1/chat/completions" '{"messages":[{"role":"user","content":"Hi"}],"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}') == 200 ]] ||
+  fail "defaults chat"
+grep '^data: {' "$WORK/body" | sed 's/^data: //' | jq -s -e '.[-1].usage.completion_tokens == 5
+  and (map(select(.choices | length > 0) | .choices[0].finish_reason | select(. != null)) == ["length"])' >/dev/null ||
+  fail "--max-tokens 5 (streamed chat): $(cat "$WORK/body")"
+[[ $(req POST "$D/v1/completions" '{"prompt":"Once upon a time","ignore_eos":true,"max_tokens":7}') == 200 ]] &&
+  jq -e '.usage.completion_tokens == 7' "$WORK/body" >/dev/null || fail "max_tokens of the request: $(cat "$WORK/body")"
+ok "--max-tokens: the default when a request gives none"
+FULL=$(jq -c '.choices[0].text' "$WORK/full.json")  # the main server's greedy answer to "The sea"
+for _ in 1 2; do
+  [[ $(req POST "$D/v1/completions" '{"prompt":"The sea","max_tokens":24,"ignore_eos":true}') == 200 ]] || fail "defaults: $(cat "$WORK/body")"
+  A=$(jq -c '.choices[0].text' "$WORK/body")
+  [[ $A == "$FULL" ]] || fail "--temperature 0: unseeded answer $A, greedy $FULL"
+done
+[[ $(req POST "$D/v1/completions" '{"prompt":"The sea","max_tokens":24,"ignore_eos":true,"temperature":1,"seed":3}') == 200 &&
+   $(jq -c '.choices[0].text' "$WORK/body") != "$FULL" ]] || fail "a request's temperature must win over --temperature"
+ok "--temperature: the default when a request gives none"
+kill -TERM "$PID_defaults"
+wait "$PID_defaults" || fail "defaults server exit $?"
+
+# --host: a server on another loopback address answers there and not on 127.0.0.1.
+if python3 -c 'import socket; socket.socket().bind(("127.0.0.2", 0))' 2>/dev/null; then
+  start_server host2 --host 127.0.0.2 --ctx-size 64
+  H=$URL_host2
+  [[ $H == http://127.0.0.2:* ]] || fail "host2 URL $H"
+  wait_ready "$H"
+  grep -q "listening on http://127.0.0.2:" "$WORK/host2.log" || fail "--host 127.0.0.2 not announced"
+  if curl -s -m 2 -o /dev/null "http://127.0.0.1:${H##*:}/health"; then fail "--host 127.0.0.2 also answers on 127.0.0.1"; fi
+  kill -TERM "$PID_host2"
+  wait "$PID_host2" || fail "host2 server exit $?"
+  ok "--host 127.0.0.2: listens there only"
+else
+  echo "note: 127.0.0.2 cannot be bound here; --host checked with 127.0.0.1 only"
+fi
+
+# --- Reasoning over HTTP: <think> split into reasoning_content, --no-think hides it ----------------
+# --debug-script (tests only) replaces every answer's tokens by those of a fixed text, so the
+# model "says" a think block; it goes through the worker's text stream and the HTTP formatting.
+SCRIPT='<think>I ponder.</think>The answer.'
+start_server think --ctx-size 256 --debug-script "$SCRIPT"
+start_server nothink --ctx-size 256 --no-think --debug-script "$SCRIPT"
+wait_ready "$URL_think"
+wait_ready "$URL_nothink"
+ASK='"messages":[{"role":"user","content":"Why?"}]'
+# chat_msg URL EXTRA-FIELDS JQ-CHECK: a non-streamed chat whose message passes the check.
+chat_msg() {
+  [[ $(req POST "$1/v1/chat/completions" "{$ASK$2}") == 200 ]] || fail "chat $2: $(cat "$WORK/body")"
+  jq -e ".choices[0] | .finish_reason == \"stop\" and (.message | $3)" "$WORK/body" >/dev/null ||
+    fail "$1 chat {$2}: $(cat "$WORK/body"), expected $3"
+}
+# chat_sse URL EXTRA-FIELDS: streams a chat; sets REASONING and CONTENT (concatenated deltas, as JSON).
+chat_sse() {
+  curl -sN -H 'Content-Type: application/json' "$1/v1/chat/completions" -d "{$ASK,\"stream\":true$2}" >"$WORK/think.sse"
+  check_sse "$WORK/think.sse" chat.completion.chunk false
+  local j=$WORK/think.sse.json
+  ! grep -q 'think>' "$j" || fail "a think marker was streamed: $(cat "$j")"
+  REASONING=$(jq -s -c 'map(.choices[0].delta.reasoning_content // empty) | add // ""' "$j")
+  CONTENT=$(jq -s -c 'map(.choices[0].delta.content // empty) | add // ""' "$j")
+  # Reasoning deltas all come before the first answer text.
+  jq -s -e '[.[] | .choices[0].delta | if has("reasoning_content") then "r" elif (.content // "") != "" then "c" else empty end]
+    | join("") | test("^r*c*$")' "$j" >/dev/null || fail "reasoning after content: $(cat "$j")"
+}
+chat_msg "$URL_think" "" '.content == "The answer." and .reasoning_content == "I ponder."'
+chat_sse "$URL_think" ""
+[[ $REASONING == '"I ponder."' && $CONTENT == '"The answer."' ]] || fail "streamed split: $REASONING / $CONTENT"
+chat_msg "$URL_think" ',"reasoning_format":"deepseek"' '.reasoning_content == "I ponder."'
+ok "a think block comes back as reasoning_content (message and streamed deltas), apart from the content"
+chat_msg "$URL_think" ',"reasoning_format":"raw"' ".content == \"$SCRIPT\" and (has(\"reasoning_content\") | not)"
+chat_sse "$URL_think" ',"reasoning_format":"none"'
+[[ $REASONING == '""' && $CONTENT == "\"$SCRIPT\"" ]] || fail "raw stream: $REASONING / $CONTENT"
+for f in ',"reasoning_format":"hidden"' ',"include_reasoning":false'; do
+  chat_msg "$URL_think" "$f" '.content == "The answer." and (has("reasoning_content") | not)'
+  chat_sse "$URL_think" "$f"
+  [[ $REASONING == '""' && $CONTENT == '"The answer."' ]] || fail "hidden stream {$f}: $REASONING / $CONTENT"
+done
+ok "reasoning_format raw leaves the block in the content; hidden / include_reasoning=false drop it"
+# Stop strings apply to the answer: one inside the reasoning does not end it.
+chat_msg "$URL_think" ',"stop":"ponder"' '.content == "The answer." and .reasoning_content == "I ponder."'
+chat_msg "$URL_think" ',"stop":"answer"' '.content == "The " and .reasoning_content == "I ponder."'
+ok "stop strings see the answer, not the reasoning"
+# --no-think: the reasoning is never shown, whatever the request asks.
+for f in '' ',"reasoning_format":"parsed"' ',"include_reasoning":true'; do
+  chat_msg "$URL_nothink" "$f" '.content == "The answer." and (has("reasoning_content") | not)'
+  chat_sse "$URL_nothink" "$f"
+  [[ $REASONING == '""' && $CONTENT == '"The answer."' ]] || fail "--no-think stream {$f}: $REASONING / $CONTENT"
+done
+ok "--no-think hides the reasoning (message and stream)"
+kill -TERM "$PID_think" "$PID_nothink"
+wait "$PID_think" || fail "think server exit $?"
+wait "$PID_nothink" || fail "nothink server exit $?"
 
 # --- Auth, overload (429) and disconnects, on a one-sequence server -----------------------------------
 start_server small --api-key s3cret --max-running 1 --max-queue 1 --ctx-size 16384 --no-think

@@ -10,9 +10,14 @@ Every repository serves the files of SOURCE_DIR (a checkpoint). Behaviour by rep
   org/redirect    no LFS info in the API; LFS files are served by a 302 to /blobs/<sha256> that
                   carries X-Linked-Etag (the sha256) and X-Linked-Size, like the real hub
   org/redirectbad as org/redirect, with a wrong X-Linked-Etag
+  org/badsize     the API advertises config.json 5 bytes longer than the file served (no sha256
+                  for it: only the size check can catch it)
+  org/tagged      exists only at revision "v2" (commit COMMIT_V2); "main" is unknown
   private/*       401 unless "Authorization: Bearer hf_test"
   missing/*       404
-Requests are appended to LOG_FILE as "METHOD PATH RANGE". Binds 127.0.0.1 on a free port and
+Revisions are honoured: the API answers a repository's known revisions (its branch and its commit:
+"main" and COMMIT; for org/tagged "v2" and COMMIT_V2) and 404s others, and files resolve only
+under those. Requests are appended to LOG_FILE as "METHOD PATH RANGE". Binds 127.0.0.1 on a free port and
 writes it to PORT_FILE.
 """
 import hashlib
@@ -29,12 +34,20 @@ DATA = {f: open(os.path.join(SOURCE, f), "rb").read() for f in FILES}
 SHA = {f: hashlib.sha256(d).hexdigest() for f, d in DATA.items()}
 BY_SHA = {s: f for f, s in SHA.items()}
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
+COMMIT_V2 = "fedcba9876543210fedcba9876543210fedcba98"
 lock = threading.Lock()
 seen = set()  # (repo, file) already cut off once
 
 
 def is_lfs(name):
     return name.endswith(".safetensors")
+
+
+def revisions(repo):
+    """revision name or commit -> the commit it names."""
+    if repo == "org/tagged":
+        return {"v2": COMMIT_V2, COMMIT_V2: COMMIT_V2}
+    return {"main": COMMIT, COMMIT: COMMIT}
 
 
 class Hub(BaseHTTPRequestHandler):
@@ -68,25 +81,30 @@ class Hub(BaseHTTPRequestHandler):
             log.write(f"GET {path} {self.headers.get('Range', '-')}\n")
         parts = path.strip("/").split("/")
         if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] == "revision":
-            repo = "/".join(parts[2:4])
+            repo, rev = "/".join(parts[2:4]), "/".join(parts[5:])
             err = self.repo_check(repo)
             if err:
                 return self.reply(*err)
+            commit = revisions(repo).get(rev)
+            if commit is None:
+                return self.reply(404, b'{"error":"Invalid rev id"}', {"X-Error-Code": "RevisionNotFound"})
             siblings = []
             for f in FILES:
-                s = {"rfilename": f, "size": len(DATA[f])}
+                s = {"rfilename": f, "size": len(DATA[f]) + (5 if repo == "org/badsize" and f == "config.json" else 0)}
                 if is_lfs(f) and not repo.startswith("org/redirect"):
                     sha = "0" * 64 if repo == "org/badsum" else SHA[f]
                     s["lfs"] = {"sha256": sha, "size": len(DATA[f]), "pointerSize": 134}
                 siblings.append(s)
-            return self.reply(200, json.dumps({"id": repo, "sha": COMMIT, "siblings": siblings}).encode())
+            return self.reply(200, json.dumps({"id": repo, "sha": commit, "siblings": siblings}).encode())
         if parts[0] == "blobs" and len(parts) == 2 and parts[1] in BY_SHA:
             return self.send_file(DATA[BY_SHA[parts[1]]], cut=False)
         if len(parts) >= 5 and parts[2] == "resolve":
-            repo, name = "/".join(parts[:2]), "/".join(parts[4:])
+            repo, rev, name = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
             err = self.repo_check(repo)
             if err:
                 return self.reply(*err)
+            if rev not in revisions(repo):
+                return self.reply(404, b'{"error":"Invalid rev id"}', {"X-Error-Code": "RevisionNotFound"})
             if name not in DATA:
                 return self.reply(404, b'{"error":"Entry not found"}')
             if is_lfs(name) and repo.startswith("org/redirect"):
