@@ -63,10 +63,16 @@ void SpeculativeCliOptions::add(CLI::App& app) {
   app.add_option("--draft-tokens", draft_tokens, "tokens drafted per verify step (1..32)")
       ->capture_default_str()
       ->check(CLI::Range(1, 32));
+  app.add_flag("--adaptive-draft", adaptive,
+               "adapt the tokens drafted per sequence within [1, --draft-tokens] from its acceptance (+1 after a "
+               "round that accepted every draft, -1 after one that accepted fewer than half)");
 }
 
 SpeculativeOptions SpeculativeCliOptions::options() const {
-  return {.mode = parse_speculative_mode(mode), .draft_layers = draft_layers, .draft_tokens = draft_tokens};
+  return {.mode = parse_speculative_mode(mode),
+          .draft_layers = draft_layers,
+          .draft_tokens = draft_tokens,
+          .adaptive = adaptive};
 }
 
 void PromptOptions::add(CLI::App& app, bool allow_raw) {
@@ -215,10 +221,15 @@ void print_timing(const Scheduler& scheduler, int64_t answers) {
   std::string skipped;
   for (int r = 0; r < kDraftSkipReasons; ++r)
     skipped += fmt::format("{}{} {}", r ? ", " : "", draft_skip_name(DraftSkip(r)), sp.skipped[size_t(r)]);
+  // Adaptive K: "K 8 adaptive, mean 3.52 drafts" (the largest K, and the drafts per verify step).
+  const std::string k_desc =
+      o.adaptive ? fmt::format("{} adaptive, mean {:.2f} drafts", o.draft_tokens,
+                               sp.rounds > 0 ? double(sp.drafted) / double(sp.rounds) : 0.0)
+                 : std::to_string(o.draft_tokens);
   std::fprintf(stderr,
-               "speculative %s (K %d%s): %lld verify steps, acceptance %.1f%% (%lld/%lld drafts), %.2f tokens per "
+               "speculative %s (K %s%s): %lld verify steps, acceptance %.1f%% (%lld/%lld drafts), %.2f tokens per "
                "verify step | draft %.3f s, verify %.3f s | %lld decode steps without drafts (%s)\n",
-               speculative_mode_name(o.mode), o.draft_tokens,
+               speculative_mode_name(o.mode), k_desc.c_str(),
                o.mode == SpeculativeMode::Self ? fmt::format(", {} draft layers", o.draft_layers).c_str() : "",
                (long long)sp.rounds, 100.0 * sp.acceptance(), (long long)sp.accepted, (long long)sp.drafted,
                sp.tokens_per_round(), sp.draft_seconds, sp.verify_seconds, (long long)sp.skipped_total(),

@@ -47,11 +47,13 @@ struct PromptOptions {
   TextStreamOptions text_options(const std::vector<std::string>& stop) const;
 };
 
-// --speculative self|lookup, --draft-layers N, --draft-tokens K (docs/speculative.md).
+// --speculative self|lookup, --draft-layers N, --draft-tokens K, --adaptive-draft
+// (docs/speculative.md).
 struct SpeculativeCliOptions {
   std::string mode;  // "" = off
   int draft_layers = 8;
   int draft_tokens = 4;
+  bool adaptive = false;  // K per sequence within [1, draft_tokens], from its acceptance
   void add(CLI::App& app);
   bool on() const { return parse_speculative_mode(mode) != SpeculativeMode::Off; }
   SpeculativeOptions options() const;

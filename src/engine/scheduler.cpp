@@ -70,6 +70,7 @@ int Scheduler::submit(GenerationRequest request) {
 void Scheduler::cancel(int id) { cancel_requests_.push_back(id); }
 
 void Scheduler::finish(Active& a, FinishReason why) {
+  if (a.seq >= 0 && drafter_) drafter_->forget(a.seq);
   if (a.seq >= 0) engine_.close(a.seq);
   a.seq = -1;
   if (a.req.on_finish) a.req.on_finish(why);
@@ -172,6 +173,10 @@ bool Scheduler::step() {
       ++sp.rounds;
       sp.drafted += int64_t(drafts.size());
       sp.accepted += v.accepted;
+      if (v.accepted == int(drafts.size())) ++sp.all_accepted;
+      else if (v.accepted > 0) ++sp.partly_accepted;
+      if (options_.speculative.adaptive)
+        a.draft_k = adapt_draft_tokens(a.draft_k, int(drafts.size()), v.accepted, options_.speculative.draft_tokens);
       a.verify.clear();
       a.pending = -1;
       bool alive = true;
@@ -233,8 +238,10 @@ void Scheduler::draft(const std::vector<size_t>& decoding, int64_t rows_left, in
   for (size_t i : decoding) {
     Active& a = active_[i];
     DraftSkip why = DraftSkip::Budget;
+    const SpeculativeOptions& so = options_.speculative;
+    if (so.adaptive && a.draft_k <= 0) a.draft_k = std::min(kAdaptiveStartTokens, so.draft_tokens);
     int k = max_draft_tokens(engine_.length(a.seq), ctx, a.req.max_tokens - a.generated, dense_len,
-                             options_.speculative.draft_tokens, &why);
+                             so.adaptive ? a.draft_k : so.draft_tokens, &why);
     if (k > 0) {
       k = int(std::min<int64_t>({k, rows_left, tokens_left}));
       if (k <= 0) why = DraftSkip::Budget;

@@ -74,6 +74,7 @@ class Scheduler {
     std::optional<Sampler> sampler;
     bool cancelled = false;
     std::vector<int32_t> verify;  // this step's [x0, d1..dK] (speculation)
+    int draft_k = 0;              // adaptive K: this sequence's next k (0: not started yet)
   };
   void finish(Active& a, FinishReason why);
   // Reports one token chosen after `fed` tokens were in the sequence; false when that finished it

@@ -28,6 +28,12 @@ void SpeculativeOptions::validate() const {
   SALA_CHECK(draft_layers >= 1, "--draft-layers must be positive, got {}", draft_layers);
 }
 
+int adapt_draft_tokens(int k, int drafted, int accepted, int max_k) {
+  if (drafted > 0 && accepted >= drafted) ++k;
+  else if (2 * accepted < drafted) --k;
+  return std::clamp(k, 1, std::max(1, max_k));
+}
+
 const char* draft_skip_name(DraftSkip why) {
   switch (why) {
     case DraftSkip::End: return "end";
@@ -87,13 +93,57 @@ std::vector<int32_t> LookupDrafter::lookup(std::span<const int32_t> ctx, int k, 
   return {};
 }
 
-void LookupDrafter::propose(Engine& engine, std::span<DraftJob> jobs) {
-  for (DraftJob& j : jobs) {
-    const auto hist = engine.tokens(j.seq);
-    context_.assign(hist.begin(), hist.end());
-    context_.push_back(j.x0);
-    j.drafts = lookup(context_, j.k);
+size_t LookupIndex::KeyHash::operator()(const Key& k) const noexcept {
+  uint64_t x = uint32_t(k.t[0]);
+  x = x * 0x9E3779B97F4A7C15ull + uint32_t(k.t[1]);
+  x = x * 0x9E3779B97F4A7C15ull + uint32_t(k.t[2]);
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return size_t(x);
+}
+
+void LookupIndex::extend(std::span<const int32_t> h) {
+  const int64_t L = int64_t(h.size());
+  if (L < indexed_ || (indexed_ > 0 && h[size_t(indexed_ - 1)] != last_token_)) {  // not an extension
+    for (auto& m : last_) m.clear();
+    indexed_ = 0;
+    ++rebuilds_;
   }
+  // Every n-gram ending at e (in order, so a later start overwrites an earlier one).
+  for (int64_t e = indexed_; e < L; ++e)
+    for (int n = 1; n <= 3 && e - n + 1 >= 0; ++n) {
+      Key key{{0, 0, 0}};
+      for (int t = 0; t < n; ++t) key.t[t] = h[size_t(e - n + 1 + t)];
+      last_[n - 1][key] = e - n + 1;
+    }
+  indexed_ = L;
+  if (L > 0) last_token_ = h[size_t(L - 1)];
+}
+
+std::vector<int32_t> LookupIndex::propose(std::span<const int32_t> h, int32_t x0, int k) {
+  extend(h);
+  // The context is h + x0 (length L); the n-grams of h are exactly the earlier occurrences with a
+  // non-empty continuation that lookup() scans for.
+  const int64_t L = int64_t(h.size()) + 1;
+  auto at = [&](int64_t i) { return i + 1 == L ? x0 : h[size_t(i)]; };
+  for (int n = 3; n >= 1; --n) {
+    if (L <= n) continue;
+    Key key{{0, 0, 0}};
+    for (int t = 0; t < n; ++t) key.t[t] = at(L - n + t);
+    const auto it = last_[n - 1].find(key);
+    if (it == last_[n - 1].end()) continue;
+    const int64_t from = it->second + n, to = std::min<int64_t>(from + k, L);
+    std::vector<int32_t> out;
+    out.reserve(size_t(to - from));
+    for (int64_t i = from; i < to; ++i) out.push_back(at(i));
+    return out;
+  }
+  return {};
+}
+
+void LookupDrafter::propose(Engine& engine, std::span<DraftJob> jobs) {
+  for (DraftJob& j : jobs) j.drafts = index_[j.seq].propose(engine.tokens(j.seq), j.x0, j.k);
 }
 
 int max_draft_tokens(int64_t length, int64_t max_context, int64_t tokens_left, int64_t dense_len, int k,

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/engine.h"
@@ -28,9 +29,20 @@ const char* speculative_mode_name(SpeculativeMode mode);
 struct SpeculativeOptions {
   SpeculativeMode mode = SpeculativeMode::Off;
   int draft_layers = 8;   // self-draft: first N layers + final norm + lm_head (clamped to num_layers)
-  int draft_tokens = 4;   // K: tokens drafted per sequence and step (1..32)
+  int draft_tokens = 4;   // K: tokens drafted per sequence and step (1..32); adaptive: the largest K
+  // Adaptive K (--adaptive-draft): each sequence drafts k_s tokens, 1 <= k_s <= draft_tokens,
+  // starting at min(4, draft_tokens) and moved after every verify round by adapt_draft_tokens().
+  bool adaptive = false;
   void validate() const;  // throws sala::Error naming the flag
 };
+
+// The adaptive-K rule (docs/speculative.md, "Adaptive K"): after a verify round of `drafted` draft
+// tokens of which `accepted` were accepted, a sequence that drafted `k` tokens next drafts
+//   k + 1 (at most max_k)  when every draft was accepted,
+//   k - 1 (at least 1)     when fewer than half were accepted (2 * accepted < drafted),
+//   k                      otherwise.
+int adapt_draft_tokens(int k, int drafted, int accepted, int max_k);
+inline constexpr int kAdaptiveStartTokens = 4;  // first k of a sequence: min(4, max_k)
 
 // One sequence's drafting request. x0 is the sequence's last emitted token, not yet in its caches.
 struct DraftJob {
@@ -49,6 +61,8 @@ class Drafter {
   // it found it (Engine::rollback).
   virtual bool runs_forwards() const = 0;
   virtual void propose(Engine& engine, std::span<DraftJob> jobs) = 0;
+  // The sequence was closed (its id may be reused for another request): drop what is kept for it.
+  virtual void forget(int /*seq*/) {}
 };
 
 // Self-draft (spec §6.1/§6.2): the first N layers run on the real caches, greedy, K rounds of one
@@ -63,16 +77,47 @@ class SelfDrafter final : public Drafter {
   int layers_;
 };
 
+// The incremental form of LookupDrafter::lookup for one growing sequence: an index of every
+// n-gram (n = 1..3) of the history to its most recent start, extended by the tokens appended since
+// the last call, so one proposal costs O(new tokens + k), not O(context). propose(history, x0, k)
+// equals lookup(history + x0, k) for any history that extends the previous one; a history that does
+// not (shorter, or a different token where the last one was) rebuilds the index.
+// Memory: three hash maps of at most `history` entries each (distinct n-grams only).
+class LookupIndex {
+ public:
+  std::vector<int32_t> propose(std::span<const int32_t> history, int32_t x0, int k);
+  int64_t indexed() const { return indexed_; }  // history tokens consumed so far
+  int64_t rebuilds() const { return rebuilds_; }
+
+ private:
+  struct Key {
+    int32_t t[3];
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const noexcept;
+  };
+  void extend(std::span<const int32_t> history);
+  std::unordered_map<Key, int64_t, KeyHash> last_[3];  // n-gram of n = i + 1 -> its latest start
+  int64_t indexed_ = 0;   // tokens of the history whose n-grams (ending there) are indexed
+  int32_t last_token_ = -1;
+  int64_t rebuilds_ = 0;
+};
+
 // Prompt lookup: the continuation of the most recent earlier occurrence of the longest suffix
 // n-gram of the sequence + x0 (n = 3, 2, 1). No forward at all; proposes nothing without a match.
+// Keeps one LookupIndex per sequence (incremental: the cost per step does not grow with the
+// context); forget(seq) drops it.
 class LookupDrafter final : public Drafter {
  public:
   bool runs_forwards() const override { return false; }
   void propose(Engine& engine, std::span<DraftJob> jobs) override;
+  void forget(int seq) override { index_.erase(seq); }
+  // The reference (a scan of the whole context): what LookupIndex::propose must equal.
   static std::vector<int32_t> lookup(std::span<const int32_t> context, int k, int max_ngram = 3);
 
  private:
-  std::vector<int32_t> context_;
+  std::unordered_map<int, LookupIndex> index_;
 };
 
 // Why a decoding sequence ran a step without drafts.
@@ -111,6 +156,8 @@ struct SpeculativeStats {
   int64_t drafted = 0;   // draft tokens verified
   int64_t accepted = 0;  // draft tokens accepted
   int64_t emitted = 0;   // tokens emitted by verify rounds (accepted + corrections/bonuses)
+  int64_t all_accepted = 0;     // rounds that accepted every draft (their last token is the bonus)
+  int64_t partly_accepted = 0;  // rounds that accepted some drafts, then rejected one
   std::array<int64_t, kDraftSkipReasons> skipped{};  // decode steps without drafts, by DraftSkip
   double draft_seconds = 0;   // snapshots + drafting
   double verify_seconds = 0;  // forwards that verified drafts (prompt chunks packed with them included)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# sala generate/batch --speculative self|lookup: at --temperature 0 the text is the same as without
-# (exact rollback), also with several prompts decoded together (speculation inside continuous
-# batching); the timing summary reports acceptance, tokens per verify step and the steps without
+# sala generate/chat/batch --speculative self|lookup [--adaptive-draft]: at --temperature 0 the text
+# is the same as without (exact rollback), also over several chat turns and with several prompts
+# decoded together (speculation inside continuous batching); the timing summary reports acceptance, tokens per verify step and the steps without
 # drafts; bad flags fail.
 set -euo pipefail
 SALA=${SALA:?set SALA to the sala binary}
@@ -35,6 +35,35 @@ done
 $SALA generate "$M" "$P" "${G[@]}" --speculative self --draft-layers 1 --draft-tokens 7 --no-stream \
   >"$tmp/k7.out" 2>/dev/null
 cmp -s "$tmp/plain.out" "$tmp/k7.out" || fail "--draft-tokens 7 --draft-layers 1 changes greedy output"
+
+# Adaptive K (--adaptive-draft): the same text; the summary names it and the mean drafts per step.
+for mode in self lookup; do
+  $SALA generate "$M" "$P" "${G[@]}" --speculative $mode --draft-layers 2 --draft-tokens 8 --adaptive-draft \
+    >"$tmp/ad-$mode.out" 2>"$tmp/ad-$mode.err"
+  cmp -s "$tmp/plain.out" "$tmp/ad-$mode.out" || fail "--adaptive-draft ($mode) changes greedy output"
+  grep -Eq "^speculative $mode \(K 8 adaptive, mean [0-9.]+ drafts.*\): [0-9]+ verify steps, acceptance" \
+    "$tmp/ad-$mode.err" || fail "adaptive summary missing: $(cat "$tmp/ad-$mode.err")"
+done
+
+# chat through a pipe: two turns (the second sees the first) and a third after `clear`; the answers
+# with --speculative equal the plain chat's, and the summary line follows the timings.
+C=(--deterministic --temperature 0 -n 80 --ignore-eos)
+chat_in=$'hello there\nand then what\nclear\nthe cat sat on the mat and the cat\nquit\n'
+printf '%s' "$chat_in" | $SALA chat "$M" "${C[@]}" >"$tmp/chat0.out" 2>"$tmp/chat0.err" ||
+  fail "plain chat: $(cat "$tmp/chat0.err")"
+[ "$(wc -l <"$tmp/chat0.out")" -ge 3 ] || fail "plain chat: expected three answers: $(cat "$tmp/chat0.out")"
+for mode in self lookup; do
+  for extra in "" "--adaptive-draft"; do
+    # shellcheck disable=SC2086
+    printf '%s' "$chat_in" | $SALA chat "$M" "${C[@]}" --speculative $mode --draft-layers 2 $extra \
+      >"$tmp/chat-$mode.out" 2>"$tmp/chat-$mode.err" || fail "chat --speculative $mode $extra: $(cat "$tmp/chat-$mode.err")"
+    cmp -s "$tmp/chat0.out" "$tmp/chat-$mode.out" ||
+      fail "chat --speculative $mode $extra changes greedy answers: $(diff "$tmp/chat0.out" "$tmp/chat-$mode.out" | head)"
+    grep -q "^timings: .*generated 240 tokens" "$tmp/chat-$mode.err" || fail "chat: timings: $(cat "$tmp/chat-$mode.err")"
+    grep -Eq "^speculative $mode \(K 4.*\): [0-9]+ verify steps, acceptance [0-9.]+% \([0-9]+/[0-9]+ drafts\), [0-9.]+ tokens per verify step" \
+      "$tmp/chat-$mode.err" || fail "chat: speculative summary missing: $(cat "$tmp/chat-$mode.err")"
+  done
+done
 
 # batch: prompts of different lengths (one long enough to prefill over several steps and to run in
 # the sparse regime) decoded together, speculating inside continuous batching: the same answers as

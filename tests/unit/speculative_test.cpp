@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -216,6 +217,63 @@ TEST(Speculative, LookupProposesContinuationOfLongestNgram) {
   EXPECT_TRUE(LookupDrafter::lookup(std::vector<int32_t>{1, 2, 3}, 4).empty());
 }
 
+// The incremental index (what LookupDrafter uses) equals the whole-context scan at every step of
+// growing sequences: a repetitive one (long matches), a random one over a small alphabet (matches of
+// every n), growth by 1..5 tokens per step as verify rounds append, and a sequence that is replaced
+// by another (rebuild) or cut back.
+TEST(Speculative, LookupIndexEqualsTheScan) {
+  std::mt19937 rng(17);
+  for (int variant = 0; variant < 3; ++variant) {
+    std::vector<int32_t> seq;
+    const std::vector<int32_t> para = {11, 12, 13, 14, 15, 16, 17, 12, 13, 18};
+    while (seq.size() < 1200) {
+      if (variant == 0) {  // a paragraph repeated, with an occasional edit
+        seq.insert(seq.end(), para.begin(), para.end());
+        if (rng() % 4 == 0) seq.push_back(int32_t(20 + rng() % 5));
+      } else {
+        seq.push_back(int32_t(rng() % (variant == 1 ? 6 : 40)));
+      }
+    }
+    LookupIndex index;
+    std::vector<int32_t> ctx;
+    int64_t len = 0, checks = 0, proposals = 0;
+    while (len + 1 < int64_t(seq.size())) {
+      const std::span<const int32_t> hist = std::span(seq).first(size_t(len));
+      const int32_t x0 = seq[size_t(len)];
+      const int k = 1 + int(rng() % 8);
+      ctx.assign(hist.begin(), hist.end());
+      ctx.push_back(x0);
+      const auto want = LookupDrafter::lookup(ctx, k);
+      ASSERT_EQ(index.propose(hist, x0, k), want) << "variant " << variant << " length " << len << " k " << k;
+      ++checks;
+      proposals += !want.empty();
+      len += 1 + int64_t(rng() % 5);  // x0 and up to 4 accepted drafts enter the cache
+    }
+    EXPECT_EQ(index.rebuilds(), 0) << "extensions must not rebuild";
+    EXPECT_GT(proposals, checks / 2);
+    // Cut back (a new request on the same sequence id without forget()): rebuilt, still equal.
+    const std::vector<int32_t> other = {1, 2, 3, 1, 2};
+    EXPECT_EQ(index.propose(other, 3, 4), LookupDrafter::lookup(std::vector<int32_t>{1, 2, 3, 1, 2, 3}, 4));
+    EXPECT_EQ(index.rebuilds(), 1);
+    EXPECT_EQ(index.indexed(), 5);
+  }
+  // Same length, different last token: rebuilt.
+  LookupIndex index;
+  EXPECT_EQ(index.propose(std::vector<int32_t>{5, 6, 7}, 5, 2), (std::vector<int32_t>{6, 7}));
+  EXPECT_EQ(index.propose(std::vector<int32_t>{5, 6, 8, 9}, 8, 2), (std::vector<int32_t>{9, 8}));
+  EXPECT_EQ(index.rebuilds(), 1);
+}
+
+TEST(Speculative, AdaptiveDraftRule) {
+  EXPECT_EQ(adapt_draft_tokens(4, 4, 4, 8), 5);  // every draft accepted: grow
+  EXPECT_EQ(adapt_draft_tokens(8, 8, 8, 8), 8);  // at most max
+  EXPECT_EQ(adapt_draft_tokens(4, 2, 2, 8), 5);  // fewer drafted (capped), all accepted: grow
+  EXPECT_EQ(adapt_draft_tokens(4, 4, 2, 8), 4);  // half: keep
+  EXPECT_EQ(adapt_draft_tokens(4, 4, 1, 8), 3);  // fewer than half: shrink
+  EXPECT_EQ(adapt_draft_tokens(1, 1, 0, 8), 1);  // at least 1
+  EXPECT_EQ(adapt_draft_tokens(5, 5, 3, 4), 4);  // clamped into [1, max]
+}
+
 TEST(Speculative, MaxDraftTokensRespectsEndContextAndRegimeBoundary) {
   DraftSkip why = DraftSkip::Budget;
   EXPECT_EQ(max_draft_tokens(100, 1024, 50, 256, 4, &why), 4);
@@ -265,13 +323,21 @@ void check_greedy_identity(const std::vector<int>& prompt_lens, const std::vecto
   std::vector<Generated> ref;
   for (const Job& j : jobs) ref.push_back(plain_generate(f, j));
   EXPECT_EQ(ref[0].tokens.size(), size_t(max_tokens[0]));
-  for (auto mode : {SpeculativeMode::Self, SpeculativeMode::Lookup}) {
+  // Fixed K 4 for both drafters, and adaptive K (up to 6 / 8: k per sequence changes between rounds).
+  const std::vector<SpeculativeOptions> configs = {
+      {.mode = SpeculativeMode::Self, .draft_layers = 2, .draft_tokens = 4},
+      {.mode = SpeculativeMode::Lookup, .draft_layers = 2, .draft_tokens = 4},
+      {.mode = SpeculativeMode::Self, .draft_layers = 2, .draft_tokens = 6, .adaptive = true},
+      {.mode = SpeculativeMode::Lookup, .draft_layers = 2, .draft_tokens = 8, .adaptive = true},
+  };
+  for (const SpeculativeOptions& opt : configs) {
+    const auto mode = opt.mode;
+    const std::string what = std::string(speculative_mode_name(mode)) + (opt.adaptive ? " adaptive" : "");
     SchedulerStats st;
-    const auto got = run_jobs(f, jobs, 3, {.mode = mode, .draft_layers = 2, .draft_tokens = 4}, &st);
+    const auto got = run_jobs(f, jobs, 3, opt, &st);
     for (size_t i = 0; i < jobs.size(); ++i) {
-      EXPECT_EQ(got[i].tokens, ref[i].tokens) << speculative_mode_name(mode) << " request " << i << " (prompt "
-                                              << prompt_lens[i] << ")";
-      EXPECT_EQ(got[i].why, ref[i].why) << speculative_mode_name(mode) << " request " << i;
+      EXPECT_EQ(got[i].tokens, ref[i].tokens) << what << " request " << i << " (prompt " << prompt_lens[i] << ")";
+      EXPECT_EQ(got[i].why, ref[i].why) << what << " request " << i;
     }
     const SpeculativeStats& sp = st.speculative;
     EXPECT_GT(sp.rounds, 0);
@@ -285,11 +351,17 @@ void check_greedy_identity(const std::vector<int>& prompt_lens, const std::vecto
     EXPECT_EQ(st.generated_tokens, generated);
     EXPECT_EQ(int64_t(jobs.size()) + sp.emitted + sp.skipped_total(), generated)
         << "every decode step is a verify round or a counted skip";
-    std::printf("  %s prompts", speculative_mode_name(mode));
+    EXPECT_LE(sp.drafted, sp.rounds * opt.draft_tokens);
+    if (opt.adaptive) {  // K moved: the drafts per round are neither all 4 nor all the maximum
+      EXPECT_NE(sp.drafted, 4 * sp.rounds) << what;
+      EXPECT_LT(sp.drafted, sp.rounds * opt.draft_tokens) << what;
+    }
+    std::printf("  %s prompts", what.c_str());
     for (int l : prompt_lens) std::printf(" %d", l);
-    std::printf(": %lld verify rounds, acceptance %.3f, %.2f tokens/verify, skipped: end %lld boundary %lld budget "
-                "%lld no_match %lld\n",
-                (long long)sp.rounds, sp.acceptance(), sp.tokens_per_round(), (long long)sp.skipped[0],
+    std::printf(": %lld verify rounds, %.2f drafts/verify, acceptance %.3f, %.2f tokens/verify, skipped: end %lld "
+                "boundary %lld budget %lld no_match %lld\n",
+                (long long)sp.rounds, sp.rounds ? double(sp.drafted) / double(sp.rounds) : 0.0, sp.acceptance(),
+                sp.tokens_per_round(), (long long)sp.skipped[0],
                 (long long)sp.skipped[1], (long long)sp.skipped[2], (long long)sp.skipped[3]);
   }
 }
@@ -428,6 +500,175 @@ TEST(Speculative, SamplingPreservesTargetDistribution) {
   // 16 cells, 4000 draws: E[TV] <= 0.5 * sqrt(2/(pi N)) * sum sqrt(p) <= 0.026 (fixed seeds: deterministic).
   EXPECT_LT(tv, 0.05) << "total variation";
   std::printf("  TV(empirical, exact) = %.4f over %d draws, %zu cells, acceptance %.3f\n", tv, N, exact.size(),
+              sp.acceptance());
+}
+
+namespace {
+// TV distance between two distributions over the same cells.
+double total_variation(const std::map<std::vector<int>, double>& a, const std::map<std::vector<int>, double>& b) {
+  double tv = 0;
+  for (const auto& [k, q] : a) {
+    const auto it = b.find(k);
+    tv += std::abs(q - (it == b.end() ? 0.0 : it->second));
+  }
+  for (const auto& [k, q] : b)
+    if (!a.count(k)) tv += q;
+  return tv / 2;
+}
+}  // namespace
+
+// The acceptance rule with K = 3 drafts per round, at temperature 1, on fixed verify rows: the
+// outcome of a round (how many drafts were accepted, and the token that ends the round: the
+// correction sampled from the residual after a rejection, or the bonus from the last row) against
+// plain sampling of the same rows. Plain sampling emits "d1..dj, then t != d(j+1)" with probability
+// p0(d1)···p(j-1)(dj)·pj(t), and "d1..d3, then b" with probability p0(d1)p1(d2)p2(d3)·p3(b). All 17
+// outcomes have mass >= 0.005 (acceptance 0.49, 0.44, 0.45 per row), so rejection at rows 0, 1 and 2 (after 0, 1, 2 accepted drafts) and
+// the bonus are all exercised. 200000 rounds through one seeded sampler: E[TV] <= 0.5·sqrt(2/(pi·N))·
+// sum sqrt(p) ~ 0.0035 here; bound 0.01. Two wrong rules, computed exactly, are far outside it:
+// resampling the rejected row from p instead of the residual (TV 0.43), and accepting a draft iff it
+// is the row's argmax (TV 0.90).
+TEST(Speculative, AcceptRuleWithSeveralDraftsMatchesTarget) {
+  const int V = 5, K = 3;
+  const std::vector<int32_t> drafts = {2, 0, 3};
+  // Row i's logits: the draft d(i+1) the most likely token (acceptance 0.45..0.6), then the others.
+  const std::vector<std::vector<float>> rows = {
+      {0.1f, -0.5f, 1.2f, 0.3f, -1.0f}, {1.0f, 0.2f, -0.3f, 0.0f, -0.8f}, {-0.2f, 0.1f, 0.0f, 1.3f, 0.4f},
+      {0.5f, 0.4f, -0.6f, 0.9f, 0.0f}};
+  std::vector<float> logits;
+  for (const auto& r : rows) logits.insert(logits.end(), r.begin(), r.end());
+  const std::vector<int32_t> tokens = {4, 2, 0, 3};  // x0, d1, d2, d3 (no penalties: history unused)
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.top_k = 0;
+  sp.seed = 20261125;
+  Sampler sampler(sp);
+  std::vector<std::vector<double>> p;
+  for (const auto& r : rows) p.push_back(sampler.distribution(r, tokens));
+  // Exact outcome distributions, cell = {accepted, last token}: the target, and two wrong rules.
+  std::map<std::vector<int>, double> exact, no_residual, argmax_rule;
+  double prefix = 1, prefix_argmax = 1;
+  for (int j = 0; j <= K; ++j) {
+    const auto& pj = p[size_t(j)];
+    const int d = j < K ? drafts[size_t(j)] : -1;
+    const int amax = int(std::max_element(pj.begin(), pj.end()) - pj.begin());
+    for (int t = 0; t < V; ++t) {
+      if (t != d) exact[{j, t}] = prefix * pj[size_t(t)];
+      // Wrong 1: reject with 1 - p(d), then a sample of p itself (d may come out as a "correction").
+      no_residual[{j, t}] = prefix * (j < K ? (1 - pj[size_t(d)]) : 1.0) * pj[size_t(t)];
+      // Wrong 2: accept iff d is the argmax; otherwise a sample of the residual.
+      if (t != d)
+        argmax_rule[{j, t}] =
+            prefix_argmax * (j < K && d == amax ? 0.0 : pj[size_t(t)] / (j < K ? 1 - pj[size_t(d)] : 1.0));
+    }
+    if (j < K) {
+      prefix *= pj[size_t(d)];
+      prefix_argmax *= d == amax ? 1.0 : 0.0;
+    }
+  }
+  for (const auto& [cell, q] : exact) ASSERT_GT(q, 0.005) << "outcome " << cell[0] << "," << cell[1];
+  const double bound = 0.01;
+  const double tv_wrong1 = total_variation(no_residual, exact), tv_wrong2 = total_variation(argmax_rule, exact);
+  EXPECT_GT(tv_wrong1, 5 * bound);
+  EXPECT_GT(tv_wrong2, 5 * bound);
+
+  const int N = 200000;
+  std::map<std::vector<int>, double> seen;
+  std::array<int, K + 1> by_accepted{};
+  for (int n = 0; n < N; ++n) {
+    const Verdict v = accept_drafts(sampler, logits, drafts, tokens);
+    ASSERT_EQ(v.tokens.size(), size_t(v.accepted + 1));
+    for (int i = 0; i < v.accepted; ++i) ASSERT_EQ(v.tokens[size_t(i)].id, drafts[size_t(i)]);
+    seen[{v.accepted, v.tokens.back().id}] += 1.0 / N;
+    ++by_accepted[size_t(v.accepted)];
+  }
+  for (int a = 0; a <= K; ++a) EXPECT_GT(by_accepted[size_t(a)], N / 100) << a << " accepted drafts";
+  const double tv = total_variation(seen, exact);
+  EXPECT_LT(tv, bound) << "total variation";
+  std::printf("  K 3: TV(empirical, exact) = %.4f over %d rounds (bound %.2f; wrong rules: no residual %.3f, "
+              "argmax acceptance %.3f); rounds by accepted drafts 0..3: %d %d %d %d\n",
+              tv, N, bound, tv_wrong1, tv_wrong2, by_accepted[0], by_accepted[1], by_accepted[2], by_accepted[3]);
+}
+
+// Temperature > 0 through the speculating Scheduler with K = 3 drafts per round (self-draft with
+// every layer, so the drafts are the target's argmax and are accepted often): the joint
+// distribution of the first three generated tokens — t2 from row 0 of the first verify round, t3
+// from its row 1 when d1 was accepted (a position inside the round) or from the next round —
+// against the exact p(t1)·p(t2|t1)·p(t3|t1,t2) (top-k 3: 27 cells). 4000 seeded requests:
+// E[TV] = 0.030 for these cells (sd ~0.005; seeds 5000.. give 0.040, other seed ranges 0.025-0.031);
+// bound 0.06. The wrong rule "resample p on
+// rejection" gives the exact distribution p(t1)·q(t2|t1)·q(t3|t1,t2), q = (1 - p(d))·p + p(d)·δ_d,
+// computed below: its TV must exceed the bound (so this test can fail).
+TEST(Speculative, SamplingInsideAVerifyRoundPreservesTargetDistribution) {
+  Fixture f;
+  const auto prompt = random_tokens(26, f.vocab(), 13);
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_k = 3;
+  const int V = f.vocab();
+  Engine e(*f.m.model, {.max_sequences = 1, .max_context = 256});
+  Sampler sm(p);
+  auto dist = [&](const std::vector<int32_t>& ctx) {
+    const int s = e.open();
+    auto l = f.feed(e, s, ctx);
+    e.close(s);
+    return sm.distribution(l, ctx);
+  };
+  auto argmax = [](const std::vector<double>& q) { return int(std::max_element(q.begin(), q.end()) - q.begin()); };
+  auto wrong = [&](std::vector<double> q) {  // q = (1 - p(d)) p + p(d) δ_d, d = argmax
+    const int d = argmax(q);
+    const double pd = q[size_t(d)];
+    for (auto& x : q) x *= 1 - pd;
+    q[size_t(d)] += pd;
+    return q;
+  };
+  std::map<std::vector<int>, double> exact, wrong_rule;
+  const auto p1 = dist(prompt);
+  for (int t1 = 0; t1 < V; ++t1) {
+    if (p1[size_t(t1)] == 0) continue;
+    auto c1 = prompt;
+    c1.push_back(t1);
+    const auto p2 = dist(c1), q2 = wrong(p2);
+    for (int t2 = 0; t2 < V; ++t2) {
+      if (p2[size_t(t2)] == 0) continue;
+      auto c2 = c1;
+      c2.push_back(t2);
+      const auto p3 = dist(c2), q3 = wrong(p3);
+      for (int t3 = 0; t3 < V; ++t3) {
+        if (p3[size_t(t3)] == 0) continue;
+        exact[{t1, t2, t3}] = p1[size_t(t1)] * p2[size_t(t2)] * p3[size_t(t3)];
+        wrong_rule[{t1, t2, t3}] = p1[size_t(t1)] * q2[size_t(t2)] * q3[size_t(t3)];
+      }
+    }
+  }
+  ASSERT_EQ(exact.size(), 27u);
+  const double bound = 0.06;
+  const double tv_wrong = total_variation(wrong_rule, exact);
+  EXPECT_GT(tv_wrong, 1.5 * bound) << "the test could not tell the wrong rule apart";
+  const int N = 4000;
+  std::vector<Job> jobs;
+  for (int i = 0; i < N; ++i) {
+    p.seed = uint64_t(5000 + i);
+    jobs.push_back({prompt, p, 5});  // token 1 from the prefill, then a round of K = 3 (at most 4 tokens)
+  }
+  SchedulerStats st;
+  const auto got = run_jobs(f, jobs, 4, {.mode = SpeculativeMode::Self, .draft_layers = 99, .draft_tokens = 3}, &st);
+  std::map<std::vector<int>, double> seen;
+  for (const auto& g : got) {
+    ASSERT_GE(g.tokens.size(), 3u);
+    seen[{g.tokens[0], g.tokens[1], g.tokens[2]}] += 1.0 / N;
+  }
+  const SpeculativeStats& sp = st.speculative;
+  EXPECT_GE(sp.rounds, N);
+  EXPECT_GT(sp.partly_accepted, N / 20) << "rejections after an accepted draft";
+  EXPECT_GT(sp.all_accepted, N / 20) << "rounds ending with the bonus token";
+  EXPECT_GT(sp.rounds - sp.all_accepted - sp.partly_accepted, N / 20) << "rejections of the first draft";
+  const double tv = total_variation(seen, exact);
+  double expected_tv = 0;  // E[TV] of N exact draws (normal approximation per cell)
+  for (const auto& [k, q] : exact) expected_tv += 0.5 * std::sqrt(2 * q * (1 - q) / (M_PI * N));
+  EXPECT_LT(tv, bound) << "total variation";
+  std::printf("  K 3: TV(empirical, exact) = %.4f (expected %.4f) over %d draws, 27 cells (bound %.2f, wrong rule "
+              "%.3f); %lld rounds: %lld all accepted, %lld partly, acceptance %.3f\n",
+              tv, expected_tv, N, bound, tv_wrong, (long long)sp.rounds, (long long)sp.all_accepted, (long long)sp.partly_accepted,
               sp.acceptance());
 }
 
