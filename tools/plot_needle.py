@@ -6,6 +6,7 @@ usage: /usr/bin/python3 tools/plot_needle.py RESULT.json --heatmap heat.png [--s
 """
 import argparse
 import json
+import os
 import sys
 
 import matplotlib
@@ -24,9 +25,10 @@ def size_label(n):
 
 
 def title_of(d):
-    t = f"{d.get('model', '?')} ({d.get('backend', '?')})"
+    model = os.path.basename(os.path.normpath(d.get("model", "?"))) or d.get("model", "?")
+    t = f"{model} ({d.get('backend', '?')})"
     if d.get("random_weights"):
-        t += " - RANDOM weights: harness check only"
+        t += "\nRANDOM weights: harness check only"
     return t
 
 
@@ -69,11 +71,19 @@ def speed(d, out):
     a1.set_ylabel("tokens/s (mean over depths)")
     a2.plot(contexts, [mean("prefill_s", x) for x in contexts], "o-", label="prefill time (s)")
     a2.set_ylabel("prefill time (s)")
-    rss = [max((c.get("peak_rss_bytes", 0) for c in cells if c["context"] == x), default=0) / 2**30 for x in contexts]
-    if any(rss):
+    def peak(key, ctx):  # the largest over depths; None (CPU: no device memory) counts as 0
+        return max((c.get(key) or 0 for c in cells if c["context"] == ctx), default=0) / 2**30
+
+    rss = [peak("peak_rss_bytes", x) for x in contexts]
+    dev = [peak("peak_device_bytes", x) for x in contexts]
+    if any(rss) or any(dev):
         a3 = a2.twinx()
-        a3.plot(contexts, rss, "^--", color="gray", label="peak RSS (GiB)")
-        a3.set_ylabel("peak RSS (GiB)")
+        if any(dev):  # a device backend: its memory, device-wide, per cell
+            a3.plot(contexts, dev, "v--", color="tab:red", label="peak device memory (GiB)")
+        if any(rss):  # host process, since it started
+            a3.plot(contexts, rss, "^--", color="gray", label="peak host RSS (GiB)")
+        a3.set_ylabel("peak memory (GiB)")
+        a3.set_ylim(0, 1.25 * max(rss + dev))
         a3.legend(loc="lower right", fontsize=8)
     for a in (a1, a2):
         a.set_xscale("log", base=2)

@@ -2,6 +2,10 @@
 // prompt of exactly the requested token count (filler + needle at the depth + question), answered
 // greedily and checked with the matcher; prefill/decode speed and peak memory are reported per
 // cell, as a table, JSON, and PNGs (tools/plot_needle.py, matplotlib).
+// Memory per cell: `peak_rss_bytes`, the host process's resident-set high-water mark since it
+// started (VmHWM; every backend), and on a device backend (CUDA) `peak_device_bytes`, the highest
+// device memory in use (device-wide, cudaMemGetInfo) sampled after every forward of the cell, the
+// peak reset before each cell; null on the CPU backend, whose memory is the RSS.
 #include <unistd.h>
 
 #include <algorithm>
@@ -93,6 +97,11 @@ Runner setup(CLI::App& app) {
   app.add_option("--json", o->json, "write the results as JSON here");
   app.add_option("--png", o->png, "write the found/not-found heatmap here, and a speed plot beside it (*-speed.png)");
   o->backend.add(app);
+  app.footer(
+      "Memory per cell: 'peak RSS' is the host process's resident-set high-water mark since it started (VmHWM); "
+      "'peak dev' (device backends: CUDA) is the highest device memory in use, device-wide, sampled after every "
+      "forward of the cell and reset before each cell ('-' on the CPU backend). JSON: peak_rss_bytes, "
+      "peak_device_bytes (null on CPU).");
   return [o] {
     const MatchMode mode = parse_match_mode(o->match);
     if (mode == MatchMode::Regex) answer_matches("", o->spec.answer, mode);  // a bad pattern fails now
@@ -140,8 +149,12 @@ Runner setup(CLI::App& app) {
     run.stop_ids.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
 
     nlohmann::json cells = nlohmann::json::array();
-    std::printf("%-9s %6s %7s %-6s %10s %12s %11s %10s  %s\n", "context", "depth", "actual", "found", "prefill s",
-                "prefill t/s", "decode t/s", "peak MiB", "answer");
+    // A device backend reports its own memory (CUDA: device-wide use); the CPU backend's memory is
+    // the process RSS, already in its own column.
+    const bool device_memory = backend->name() != "cpu";
+    const int64_t device_total = device_memory ? backend->memory_stats().total : -1;
+    std::printf("%-9s %6s %7s %-6s %10s %12s %11s %12s %12s  %s\n", "context", "depth", "actual", "found", "prefill s",
+                "prefill t/s", "decode t/s", "peak RSS MiB", "peak dev MiB", "answer");
     int found_count = 0;
     for (int64_t ctx : contexts) {
       for (double depth : depths) {
@@ -151,7 +164,16 @@ Runner setup(CLI::App& app) {
         run.on_prefill = [&](int64_t done, int64_t total) {
           if (total > o->chunk) bar.update(done, total, label);
         };
+        int64_t device_peak = -1;
+        auto sample_device = [&] {
+          if (device_memory) device_peak = std::max(device_peak, backend->memory_stats().peak);
+        };
+        if (device_memory) backend->reset_memory_peak();  // per cell (the CPU's would reset the RSS peak)
+        sample_device();
+        run.on_forward = sample_device;
         const GreedyRunResult r = greedy_run(engine, h.prompt, run);
+        run.on_forward = nullptr;
+        sample_device();
         const std::string answer = tok.decode(r.output, /*skip_special_tokens=*/true);
         const bool found = answer_matches(answer, o->spec.answer, mode);
         found_count += found;
@@ -160,16 +182,18 @@ Runner setup(CLI::App& app) {
         const int64_t rss = peak_rss_bytes();
         std::string shown = answer.substr(0, 40);
         std::replace(shown.begin(), shown.end(), '\n', ' ');
-        std::printf("%-9lld %5.0f%% %6.1f%% %-6s %10.3f %12.1f %11.1f %10.1f  %s\n", (long long)ctx, depth,
+        const std::string dev = device_peak >= 0 ? fmt::format("{:.1f}", double(device_peak) / (1 << 20)) : "-";
+        std::printf("%-9lld %5.0f%% %6.1f%% %-6s %10.3f %12.1f %11.1f %12.1f %12s  %s\n", (long long)ctx, depth,
                     h.actual_depth, found ? "yes" : "no", r.prefill_seconds, prefill_tps, decode_tps,
-                    double(rss) / (1 << 20), shown.c_str());
+                    double(rss) / (1 << 20), dev.c_str(), shown.c_str());
         std::fflush(stdout);
         cells.push_back({{"context", ctx}, {"prompt_tokens", int64_t(h.prompt.size())}, {"depth", depth},
                          {"actual_depth", h.actual_depth}, {"needle_token", h.needle_token}, {"found", found},
                          {"output", answer}, {"output_tokens", int64_t(r.output.size())},
                          {"prefill_s", r.prefill_seconds}, {"prefill_tok_s", prefill_tps},
                          {"decode_tok_s", decode_tps}, {"decode_steps", r.decode_steps},
-                         {"peak_rss_bytes", rss}});
+                         {"peak_rss_bytes", rss},
+                         {"peak_device_bytes", device_peak >= 0 ? nlohmann::json(device_peak) : nlohmann::json()}});
       }
     }
     std::printf("found %d of %zu cells\n", found_count, cells.size());
@@ -182,6 +206,9 @@ Runner setup(CLI::App& app) {
                           {"match", match_mode_name(mode)},
                           {"max_tokens", o->max_tokens},
                           {"chunk", o->chunk},
+                          {"device_memory", device_memory},
+                          {"device_total_bytes",
+                           device_total >= 0 ? nlohmann::json(device_total) : nlohmann::json()},
                           {"found", found_count},
                           {"cells", cells}};
     fs::path json_path = o->json;

@@ -190,6 +190,13 @@ GreedyRunResult greedy_run(Engine& engine, std::span<const int32_t> prompt, cons
     ~Closer() { e.close(s); }
   } closer{engine, seq};
 
+  // The callbacks (progress bars, memory sampling) are not part of the timed work.
+  double hooks = 0;
+  auto hook = [&](auto&& fn) {
+    const auto h0 = Clock::now();
+    fn();
+    hooks += std::chrono::duration<double>(Clock::now() - h0).count();
+  };
   auto t0 = Clock::now();
   std::vector<float> last;
   for (int64_t done = 0; done < n;) {
@@ -199,14 +206,18 @@ GreedyRunResult greedy_run(Engine& engine, std::span<const int32_t> prompt, cons
     auto out = engine.step(std::span(&req, 1));
     done += take;
     if (final_chunk) last = std::move(out[0]);
-    if (options.on_prefill) options.on_prefill(done, n);
+    hook([&] {
+      if (options.on_forward) options.on_forward();
+      if (options.on_prefill) options.on_prefill(done, n);
+    });
   }
-  r.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count() - hooks;
 
   auto is_stop = [&](int32_t t) {
     return std::find(options.stop_ids.begin(), options.stop_ids.end(), t) != options.stop_ids.end();
   };
   int32_t next = argmax_row(last, vocab);
+  hooks = 0;
   t0 = Clock::now();
   while (int(r.output.size()) < options.max_new_tokens && !is_stop(next)) {
     r.output.push_back(next);
@@ -214,9 +225,10 @@ GreedyRunResult greedy_run(Engine& engine, std::span<const int32_t> prompt, cons
     Engine::Request req{seq, std::span(&r.output.back(), 1)};
     auto out = engine.step(std::span(&req, 1));
     ++r.decode_steps;
+    if (options.on_forward) hook(options.on_forward);
     next = argmax_row(out[0], vocab);
   }
-  r.decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count() - hooks;
   return r;
 }
 

@@ -60,11 +60,14 @@ struct GreedyRunOptions {
   std::vector<int32_t> stop_ids;  // end-of-sequence ids (not included in the output)
   // Called after each prefill chunk with (tokens done, prompt length).
   std::function<void(int64_t, int64_t)> on_prefill;
+  // Called after every forward (each prefill chunk, then each decode step), when its device work is
+  // finished: where a backend samples its memory use (the CUDA peak is the highest sampled value).
+  std::function<void()> on_forward;
 };
 
 struct GreedyRunResult {
   std::vector<int32_t> output;
-  double prefill_seconds = 0, decode_seconds = 0;
+  double prefill_seconds = 0, decode_seconds = 0;  // the callbacks' own time excluded
   int64_t decode_steps = 0;  // forwards of one generated token (the first output token comes from prefill)
 };
 
@@ -73,7 +76,8 @@ struct GreedyRunResult {
 // free sequence, max_context >= prompt + max_new_tokens, and max_batch_tokens >= chunk.
 GreedyRunResult greedy_run(Engine& engine, std::span<const int32_t> prompt, const GreedyRunOptions& options);
 
-// Peak resident set size of this process in bytes (VmHWM; 0 when unknown).
+// Peak resident set size (host memory) of this process since it started, in bytes (VmHWM; 0 when
+// unknown).
 int64_t peak_rss_bytes();
 
 }  // namespace sala

@@ -143,16 +143,22 @@ TEST(Needle, GreedyRunMatchesReplayArgmax) {
   GreedyRunOptions opt;
   opt.chunk = 64;
   opt.max_new_tokens = 6;  // no stop ids: exactly 6 tokens
-  int64_t last_done = 0;
+  int64_t last_done = 0, forwards = 0;
   opt.on_prefill = [&](int64_t done, int64_t total) {
     EXPECT_GT(done, last_done);
     EXPECT_EQ(total, 280);
+    EXPECT_EQ(forwards, (done + 63) / 64);  // on_forward runs first, once per chunk
     last_done = done;
   };
+  // Where `sala needle` samples device memory: after every forward, prefill chunks and decode steps.
+  opt.on_forward = [&] { ++forwards; };
   const GreedyRunResult r = greedy_run(engine, h.prompt, opt);
   EXPECT_EQ(last_done, 280);
   ASSERT_EQ(r.output.size(), 6u);
   EXPECT_EQ(r.decode_steps, 5);
+  EXPECT_EQ(forwards, 5 + 5);  // ceil(280 / 64) prefill chunks + 5 decode steps
+  EXPECT_GT(r.prefill_seconds, 0);
+  EXPECT_GT(r.decode_seconds, 0);
   // The same tokens replayed: each output token is the argmax of the logits before it.
   std::vector<int32_t> all = h.prompt;
   all.insert(all.end(), r.output.begin(), r.output.end());
