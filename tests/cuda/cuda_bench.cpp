@@ -121,6 +121,28 @@ int run_bench(int argc, char** argv) {
   const char* only_env = std::getenv("SALA_BENCH_ONLY");
   const bool all_sections = !only_env || !*only_env;
 
+  // SALA_BENCH_ONLY=gemv-profile: three untimed calls of each decode product of interest (bf16
+  // 4096x4096 and 16384x4096, packed fp8/int8/int4 16384x4096, N = 1), for a profiler.
+  if (!all_sections && std::strcmp(only_env, "gemv-profile") == 0) {
+    struct P {
+      WeightFormat f;
+      int64_t out, in, group;
+    };
+    for (P p : {P{WeightFormat::Dense, 4096, 4096, 0}, P{WeightFormat::Dense, 16384, 4096, 0},
+                P{WeightFormat::FP8, 16384, 4096, 4096}, P{WeightFormat::Q8, 16384, 4096, 4096},
+                P{WeightFormat::Q4, 16384, 4096, 64}}) {
+      Weight w = p.f == WeightFormat::Dense ? be.random_weight(p.out, p.in, 0.f, 0.02f, 7)
+                                           : be.random_quantized_weight(p.f, p.out, p.in, p.group, 0.02f, 11);
+      auto xb = be.alloc(size_t(p.in) * 2), yb = be.alloc(size_t(p.out) * 2);
+      Mat x = xb->mat(DType::BF16, 1, p.in), y = yb->mat(DType::BF16, 1, p.out);
+      auto xh = host_rand(size_t(p.in), 1.f, 5);
+      be.upload(x, xh.data());
+      for (int i = 0; i < 3; ++i) be.matmul(x, w, y);
+      be.synchronize();
+    }
+    return 0;
+  }
+
   // Decode products: GEMV at N = 1..8 (bandwidth bound on the weight).
   if (all_sections) {
     struct S {
