@@ -21,6 +21,7 @@ using namespace sala;
 
 namespace sala::cuda {
 void set_qgemv_tuning(int nt_variant, bool trigger);  // quant_gemv.cu (tests and benchmarks)
+void set_qgemv_small_variant(int v);
 }
 
 namespace {
@@ -140,6 +141,42 @@ int run_bench(int argc, char** argv) {
       for (int i = 0; i < 3; ++i) be.matmul(x, w, y);
       be.synchronize();
     }
+    return 0;
+  }
+
+  // SALA_BENCH_ONLY=qgemv-sweep: the packed decode GEMV's launch shapes (N = 1, 8) per format and
+  // shape, to choose the automatic one (quant_gemv.cu, qgemv_f).
+  if (!all_sections && std::strcmp(only_env, "qgemv-sweep") == 0) {
+    struct F {
+      const char* name;
+      WeightFormat f;
+      int64_t group;
+    };
+    for (F f : {F{"fp8", WeightFormat::FP8, 0}, F{"int8", WeightFormat::Q8, 0}, F{"int4", WeightFormat::Q4, 64}})
+      for (auto [out, in] : {std::pair<int64_t, int64_t>{4096, 4096}, {16384, 4096}, {4096, 16384}, {73448, 4096}}) {
+        const int64_t group = f.group ? f.group : in;
+        std::vector<Weight> ws{be.random_quantized_weight(f.f, out, in, group, 0.02f, 11)};
+        const size_t wbytes = ws[0].nbytes();
+        const int copies = int(std::max<size_t>(1, (size_t(256) << 20) / wbytes));
+        for (int c = 1; c < copies; ++c) ws.push_back(be.random_quantized_weight(f.f, out, in, group, 0.02f, 11 + c));
+        for (int n : {1, 8}) {
+          auto xb = be.alloc(size_t(n * in) * 2), yb = be.alloc(size_t(n * out) * 2);
+          Mat x = xb->mat(DType::BF16, n, in), y = yb->mat(DType::BF16, n, out);
+          auto xh = host_rand(size_t(n * in), 1.f, 5);
+          be.upload(x, xh.data());
+          std::string line = std::string("qgemv sweep ") + f.name + " " + std::to_string(out) + "x" + std::to_string(in) +
+                             " N=" + std::to_string(n) + ":";
+          for (int v = 0; v <= 8; ++v) {
+            sala::cuda::set_qgemv_small_variant(v);
+            const double us = time_us(be, 30, [&](int i) { be.matmul(x, ws[size_t(i % copies)], y); });
+            char buf[64];
+            std::snprintf(buf, sizeof buf, " v%d %.2f", v, us);
+            line += buf;
+          }
+          sala::cuda::set_qgemv_small_variant(0);
+          std::printf("%s us (%zu MiB)\n", line.c_str(), wbytes >> 20);
+        }
+      }
     return 0;
   }
 

@@ -39,12 +39,15 @@ namespace sala::cuda {
 // blocks per CTA for N > 8 (0: automatic, 1: one, 2: two); trigger = false launches no dependent
 // early. Declared where used (cuda_quant_parity.cpp, cuda_bench.cpp).
 void set_qgemv_tuning(int nt_variant, bool trigger);
+// N ≤ 8: the launch shape (0: automatic; 1..8: fixed shapes, see qgemv_f). Benchmarks only.
+void set_qgemv_small_variant(int v);
 
 namespace {
 
 using namespace qlayout;
 
 int g_nt_variant = 0;
+int g_small_variant = 0;
 bool g_trigger = true;
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
@@ -128,8 +131,8 @@ __device__ __forceinline__ void mma_acc(float d[4], const uint32_t a[4], uint2 b
 
 // Tiles k = s·W·U + warp + W·u (u < U) form stage s of a warp; a CTA's warps read W·U
 // consecutive tiles of each of its row blocks per stage.
-template <int FMT, int NT, int R, int U, int W>
-__global__ void __launch_bounds__(W * 32) qgemv_kernel(QWeight w, const bf16* __restrict__ x, int ldx,
+template <int FMT, int NT, int R, int U, int W, int MINB = 1>
+__global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QWeight w, const bf16* __restrict__ x, int ldx,
                                                         void* __restrict__ yv, int ldy, int N, int y_f32,
                                                         int trigger) {
   constexpr int KT = tile_k(FMT), MT = KT / 16;
@@ -424,11 +427,11 @@ void launch_pdl(bool pdl, void (*kernel)(KArgs...), unsigned blocks, unsigned th
   SALA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 
-template <int FMT, int NT, int R, int U, int W>
+template <int FMT, int NT, int R, int U, int W, int MINB = 1>
 void qgemv_cfg(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, bool pdl,
                cudaStream_t st) {
   const unsigned blocks = unsigned(((w.out + 15) / 16 + R - 1) / R);
-  launch_pdl(pdl, qgemv_kernel<FMT, NT, R, U, W>, blocks, W * 32, st, w, static_cast<const bf16*>(x), int(ldx), y,
+  launch_pdl(pdl, qgemv_kernel<FMT, NT, R, U, W, MINB>, blocks, W * 32, st, w, static_cast<const bf16*>(x), int(ldx), y,
              int(ldy), N, int(dty == kF32), int(g_trigger && pdl));
 }
 
@@ -436,6 +439,17 @@ template <int FMT>
 void qgemv_f(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps, bool pdl,
              cudaStream_t st) {
   if (N <= 8) {
+    switch (g_small_variant) {  // benchmarks: launch shapes (tiles per stage U, warps W, min CTAs per SM)
+      case 1: return qgemv_cfg<FMT, 1, 1, 4, 4>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      case 2: return qgemv_cfg<FMT, 1, 1, 2, 4, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      case 3: return qgemv_cfg<FMT, 1, 1, 4, 4, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      case 4: return qgemv_cfg<FMT, 1, 1, 2, 8, 4>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      case 5: return qgemv_cfg<FMT, 1, 1, 4, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      case 6: return qgemv_cfg<FMT, 1, 1, 2, 16, 2>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      case 7: return qgemv_cfg<FMT, 1, 1, 1, 8, 6>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      case 8: return qgemv_cfg<FMT, 1, 1, 2, 16>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      default: break;
+    }
     switch (warps) {
       case 16: return qgemv_cfg<FMT, 1, 1, 4, 16>(w, x, ldx, y, dty, ldy, N, pdl, st);
       case 8: return qgemv_cfg<FMT, 1, 1, 4, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
@@ -461,6 +475,8 @@ void set_qgemv_tuning(int nt_variant, bool trigger) {
   g_nt_variant = nt_variant;
   g_trigger = trigger;
 }
+
+void set_qgemv_small_variant(int v) { g_small_variant = v; }
 
 void launch_qgemv(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps,
                   bool pdl, cudaStream_t st) {
