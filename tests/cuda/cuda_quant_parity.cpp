@@ -37,6 +37,7 @@ namespace fs = std::filesystem;
 
 namespace sala::cuda {
 void set_qgemv_tuning(int nt_variant, bool trigger);  // quant_gemv.cu (tests and benchmarks)
+void set_qgemv_small_variant(int v);
 }
 
 namespace {
@@ -128,9 +129,10 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
     int64_t out, in;
     bool big;
   };
-  // 72×200: per-row formats whose last tile is partial (200 % 32 != 0).
-  const S shapes[] = {{64, 64 * 3, false}, {200, 384, false}, {129, 768, false},
-                      {72, 200, false},    {4096, 4096, true}, {1000, 16384, true}};
+  // 72×200: per-row formats whose last tile is partial (200 % 32 != 0). 8200×256: more than
+  // 8192 rows (the automatic N ≤ 8 launch shape changes there).
+  const S shapes[] = {{64, 64 * 3, false}, {200, 384, false},  {129, 768, false},   {72, 200, false},
+                      {8200, 256, false},  {4096, 4096, true}, {1000, 16384, true}};
   for (const Fmt& f : kFormats)
     for (const S& s : shapes) {
       if (f.group && s.in % f.group) continue;
@@ -187,6 +189,13 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
           }
         }
         if (n <= 8 && !s.big) {
+          for (int v = 1; v <= 8; ++v) {  // every fixed N ≤ 8 launch shape (tiles/stage, warps, CTAs/SM)
+            cuda::set_qgemv_small_variant(v);
+            e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::F32), ref);
+            cuda::set_qgemv_small_variant(0);
+            check(e < tol32, strf("packed matmul %s N=%lld %s launch shape %d", f.name, (long long)n, shape.c_str(), v),
+                  strf("rel %.2e", e));
+          }
           for (int mode : {2, 3}) {  // 4 and 16 warps per CTA (automatic picks 8 or 4)
             gpu.set_gemv_mode(mode);
             e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::F32), ref);

@@ -450,11 +450,23 @@ void qgemv_f(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int6
       case 8: return qgemv_cfg<FMT, 1, 1, 2, 16>(w, x, ldx, y, dty, ldy, N, pdl, st);
       default: break;
     }
-    switch (warps) {
+    switch (warps) {  // fixed warp counts (tests, benchmarks)
       case 16: return qgemv_cfg<FMT, 1, 1, 4, 16>(w, x, ldx, y, dty, ldy, N, pdl, st);
       case 8: return qgemv_cfg<FMT, 1, 1, 4, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
-      default: return qgemv_cfg<FMT, 1, 1, 4, 4>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      case 4: return qgemv_cfg<FMT, 1, 1, 4, 4>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      default: break;
     }
+    // Automatic, from the launch-shape sweep (H200, 2026-11-25, bench/results/2026-11-25-h200-qgemv-sweep.md).
+    // FP8 fits 64 registers with 2 tiles per stage (no spills): 8 CTAs of 4 warps per SM put a
+    // 1024-row-block matrix in one wave (16384×4096: 34.6 → 27.9 µs), and few row blocks take
+    // 16 warps, 2 CTAs per SM (4096×16384: 33.0 → 26.7 µs). Q8 and Q4 spill at 64 registers;
+    // 8 warps of 4 tiles per stage is their best (Q4's lm_head: 4 warps).
+    if constexpr (FMT == kFP8) {
+      if (w.out <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      return qgemv_cfg<FMT, 1, 1, 2, 4, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    }
+    if (FMT == kQ4 && w.out > 16384) return qgemv_cfg<FMT, 1, 1, 4, 4>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    return qgemv_cfg<FMT, 1, 1, 4, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
   }
   // N > 8: one decode of each A fragment feeds 2 or 4 n-tiles. Two row blocks per CTA share the
   // x fragments (x bytes per code byte: 2·N / (16·R) for Q4's 4 mmas per 16-byte piece).
@@ -487,10 +499,7 @@ void launch_qgemv(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty,
   SALA_CUDA_REQUIRE(w.group == w.in || w.group % 16 == 0, "qgemv: group size must be a multiple of 16");
   SALA_CUDA_REQUIRE(w.in < (int64_t(1) << 30) && ldx < (int64_t(1) << 31) && ldy < (int64_t(1) << 31),
                     "qgemv: dimensions too large");
-  // Few row blocks (out ≤ 8192): 8 warps share a row block's tiles, so that each CTA requests
-  // 8 × 2 × 4 tiles at once (all of a 4096-column Q4 row block) and 2 CTAs fit an SM; many row
-  // blocks: 4 warps, more CTAs per SM.
-  if (warps != 4 && warps != 8 && warps != 16) warps = w.out <= 8192 ? 8 : 4;
+  if (warps != 4 && warps != 8 && warps != 16) warps = 0;  // automatic launch shape (qgemv_f)
   switch (w.fmt) {
     case kFP8: qgemv_f<kFP8>(w, x, ldx, y, dty, ldy, N, warps, pdl, st); break;
     case kQ8: qgemv_f<kQ8>(w, x, ldx, y, dty, ldy, N, warps, pdl, st); break;
