@@ -131,7 +131,9 @@ __device__ __forceinline__ void mma_acc(float d[4], const uint32_t a[4], uint2 b
 
 // Tiles k = s·W·U + warp + W·u (u < U) form stage s of a warp; a CTA's warps read W·U
 // consecutive tiles of each of its row blocks per stage.
-template <int FMT, int NT, int R, int U, int W, int MINB = 1>
+// PR: the weight has one scale per row (group = in), known at compile time: no per-tile
+// parameter registers (they decide whether a shape fits 64 registers without spills).
+template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false>
 __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QWeight w, const bf16* __restrict__ x, int ldx,
                                                         void* __restrict__ yv, int ldy, int N, int y_f32,
                                                         int trigger) {
@@ -149,7 +151,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QWeight w, const bf
     codes[r] = static_cast<const uint4*>(w.codes) + size_t(rb) * size_t(ktiles) * 32 + lane;
     params[r] = reinterpret_cast<const float4*>(w.params) + size_t(rb) * size_t(groups) * 8 + g;
   }
-  const bool per_row = G == in;                     // one flush at the end
+  const bool per_row = PR || G == in;               // one flush at the end
   const bool tile_group = !per_row && G % KT == 0;  // every tile inside one group: flush per tile
   // Group of tile k: k / (G / KT) — a shift when that is a power of two (no division per tile).
   const uint32_t tpg = tile_group ? uint32_t(G / KT) : 1u, G32 = uint32_t(G);
@@ -427,46 +429,54 @@ void launch_pdl(bool pdl, void (*kernel)(KArgs...), unsigned blocks, unsigned th
   SALA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 
-template <int FMT, int NT, int R, int U, int W, int MINB = 1>
+template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false>
 void qgemv_cfg(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, bool pdl,
                cudaStream_t st) {
   const unsigned blocks = unsigned(((w.out + 15) / 16 + R - 1) / R);
-  launch_pdl(pdl, qgemv_kernel<FMT, NT, R, U, W, MINB>, blocks, W * 32, st, w, static_cast<const bf16*>(x), int(ldx), y,
+  launch_pdl(pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR>, blocks, W * 32, st, w, static_cast<const bf16*>(x), int(ldx), y,
              int(ldy), N, int(dty == kF32), int(g_trigger && pdl));
+}
+
+// N ≤ 8: one n-tile, one row block per CTA; the launch shape by format and size.
+template <int FMT, bool PR>
+void qgemv_small(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps,
+                 bool pdl, cudaStream_t st) {
+  switch (g_small_variant) {  // benchmarks: launch shapes (tiles per stage U, warps W, min CTAs per SM)
+    case 1: return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 2: return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 3: return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 4: return qgemv_cfg<FMT, 1, 1, 2, 8, 4, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 5: return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 6: return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 7: return qgemv_cfg<FMT, 1, 1, 1, 8, 6, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 8: return qgemv_cfg<FMT, 1, 1, 2, 16, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    default: break;
+  }
+  switch (warps) {  // fixed warp counts (tests, benchmarks)
+    case 16: return qgemv_cfg<FMT, 1, 1, 4, 16, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 8: return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 4: return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    default: break;
+  }
+  // Automatic, from the launch-shape sweep (H200, 2026-11-25, bench/results/2026-11-25-h200-qgemv-sweep.md).
+  // FP8 fits 64 registers with 2 tiles per stage (no spills): 8 CTAs of 4 warps per SM put a
+  // 1024-row-block matrix in one wave (16384×4096: 34.6 → 27.9 µs), and few row blocks take
+  // 16 warps, 2 CTAs per SM (4096×16384: 33.0 → 26.7 µs). Q8 and Q4 spill at 64 registers;
+  // 8 warps of 4 tiles per stage is their best (Q4's lm_head: 4 warps).
+  if constexpr (FMT == kFP8) {
+    if (w.out <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+  }
+  if (FMT == kQ4 && w.out > 16384) return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+  return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
 }
 
 template <int FMT>
 void qgemv_f(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps, bool pdl,
              cudaStream_t st) {
   if (N <= 8) {
-    switch (g_small_variant) {  // benchmarks: launch shapes (tiles per stage U, warps W, min CTAs per SM)
-      case 1: return qgemv_cfg<FMT, 1, 1, 4, 4>(w, x, ldx, y, dty, ldy, N, pdl, st);
-      case 2: return qgemv_cfg<FMT, 1, 1, 2, 4, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
-      case 3: return qgemv_cfg<FMT, 1, 1, 4, 4, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
-      case 4: return qgemv_cfg<FMT, 1, 1, 2, 8, 4>(w, x, ldx, y, dty, ldy, N, pdl, st);
-      case 5: return qgemv_cfg<FMT, 1, 1, 4, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
-      case 6: return qgemv_cfg<FMT, 1, 1, 2, 16, 2>(w, x, ldx, y, dty, ldy, N, pdl, st);
-      case 7: return qgemv_cfg<FMT, 1, 1, 1, 8, 6>(w, x, ldx, y, dty, ldy, N, pdl, st);
-      case 8: return qgemv_cfg<FMT, 1, 1, 2, 16>(w, x, ldx, y, dty, ldy, N, pdl, st);
-      default: break;
-    }
-    switch (warps) {  // fixed warp counts (tests, benchmarks)
-      case 16: return qgemv_cfg<FMT, 1, 1, 4, 16>(w, x, ldx, y, dty, ldy, N, pdl, st);
-      case 8: return qgemv_cfg<FMT, 1, 1, 4, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
-      case 4: return qgemv_cfg<FMT, 1, 1, 4, 4>(w, x, ldx, y, dty, ldy, N, pdl, st);
-      default: break;
-    }
-    // Automatic, from the launch-shape sweep (H200, 2026-11-25, bench/results/2026-11-25-h200-qgemv-sweep.md).
-    // FP8 fits 64 registers with 2 tiles per stage (no spills): 8 CTAs of 4 warps per SM put a
-    // 1024-row-block matrix in one wave (16384×4096: 34.6 → 27.9 µs), and few row blocks take
-    // 16 warps, 2 CTAs per SM (4096×16384: 33.0 → 26.7 µs). Q8 and Q4 spill at 64 registers;
-    // 8 warps of 4 tiles per stage is their best (Q4's lm_head: 4 warps).
-    if constexpr (FMT == kFP8) {
-      if (w.out <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2>(w, x, ldx, y, dty, ldy, N, pdl, st);
-      return qgemv_cfg<FMT, 1, 1, 2, 4, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    }
-    if (FMT == kQ4 && w.out > 16384) return qgemv_cfg<FMT, 1, 1, 4, 4>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    return qgemv_cfg<FMT, 1, 1, 4, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    if (w.group == w.in) return qgemv_small<FMT, true>(w, x, ldx, y, dty, ldy, N, warps, pdl, st);
+    return qgemv_small<FMT, false>(w, x, ldx, y, dty, ldy, N, warps, pdl, st);
   }
   // N > 8: one decode of each A fragment feeds 2 or 4 n-tiles. Two row blocks per CTA share the
   // x fragments (x bytes per code byte: 2·N / (16·R) for Q4's 4 mmas per 16-byte piece).
