@@ -458,16 +458,24 @@ void qgemv_small(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, 
     case 4: return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
     default: break;
   }
-  // Automatic, from the launch-shape sweep (H200, 2026-11-25, bench/results/2026-11-25-h200-qgemv-sweep.md).
-  // FP8 fits 64 registers with 2 tiles per stage (no spills): 8 CTAs of 4 warps per SM put a
-  // 1024-row-block matrix in one wave (16384×4096: 34.6 → 27.9 µs), and few row blocks take
-  // 16 warps, 2 CTAs per SM (4096×16384: 33.0 → 26.7 µs). Q8 and Q4 spill at 64 registers;
-  // 8 warps of 4 tiles per stage is their best (Q4's lm_head: 4 warps).
-  if constexpr (FMT == kFP8) {
-    if (w.out <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+  // Automatic, from the launch-shape sweeps (H200, 2026-11-25, bench/results/2026-11-25-h200-qgemv-sweep.md).
+  // Per-row FP8/Q8 fit 64 registers with 2 tiles per stage (no spills): 8 CTAs of 4 warps per SM
+  // put a 1024-row-block matrix in one wave (fp8 16384×4096: 34.6 → 25.3 µs; at N = 1 4 tiles per
+  // stage still fit, 22.2 µs), few row blocks take 16 warps per CTA (fp8 4096×16384: 33.0 →
+  // 23.1 µs). Grouped formats (Q4, MLX Q8) spill at 64 registers: 8 warps of 4 tiles per stage.
+  // The lm_head (73448 rows): 4 warps of 4 tiles.
+  if constexpr (PR && (FMT == kFP8 || FMT == kQ8)) {
+    if (w.out <= 8192) {
+      if constexpr (FMT == kFP8) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      return qgemv_cfg<FMT, 1, 1, 2, 16, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    }
+    if (w.out <= 32768) {
+      if (FMT == kFP8 && N == 1) return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    }
+    return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
   }
-  if (FMT == kQ4 && w.out > 16384) return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+  if (w.out > 16384) return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
   return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
 }
 
