@@ -6,7 +6,7 @@
 namespace sala {
 
 #ifdef SALA_HAS_CUDA
-std::unique_ptr<Backend> make_cuda_backend(int device);  // backend/cuda
+std::unique_ptr<Backend> make_cuda_backend(int device, bool batch_invariant);  // backend/cuda
 bool cuda_device_available();
 #endif
 
@@ -21,12 +21,9 @@ std::vector<std::string> available_backends() {
 std::unique_ptr<Backend> make_backend(const std::string& name, int threads, bool batch_invariant) {
   if (name == "cpu") return std::make_unique<CpuBackend>(threads, batch_invariant);
   if (name == "cuda") {
-    SALA_CHECK(!batch_invariant,
-               "--deterministic (batch-invariant numerics) is implemented on the CPU backend only: the CUDA "
-               "kernels pick different reduction orders for different batch sizes; use --backend cpu");
 #ifdef SALA_HAS_CUDA
     SALA_CHECK(cuda_device_available(), "backend 'cuda': no CUDA device is visible");
-    return make_cuda_backend(0);
+    return make_cuda_backend(0, batch_invariant);
 #else
     fail("backend 'cuda' is not compiled into this build (configure with nvcc present, -DSALA_CUDA=ON)");
 #endif

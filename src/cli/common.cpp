@@ -16,7 +16,7 @@ void BackendOptions::add(CLI::App& app) {
   app.add_option("-t,--threads", threads, "CPU threads (0: all cores)");
   app.add_flag("--deterministic", deterministic,
                "batch-invariant numerics: a sequence's output does not depend on the other sequences decoded "
-               "with it, the thread count or speculation (CPU backend; slower prefill)");
+               "with it, the thread count or speculation (CPU: slower prefill; CUDA: fixed decode kernels, slower decode)");
 }
 
 std::unique_ptr<Backend> BackendOptions::make() const {

@@ -5,12 +5,12 @@
 #     (sparse): runs, reports its statistics with accepted drafts, and is compared with plain greedy
 #     decoding on CUDA;
 #  2. `sala batch --backend cuda --speculative self` (both prompts decoded together) vs plain batch;
-#  3. `sala bench --speculative-costs` on the tiny preset (smoke test of the cost table on CUDA).
-# Text differences in 1–2 are reported, not failed: the bf16 kernels round a multi-token verify and
-# a single-token step differently (GEMV variants by row count), so a near tie may flip an argmax.
-# The strict check is sala_cuda_tests ("speculative greedy ...": every emitted token is the argmax
-# of plain decoding, or within 1% of it, by teacher forcing); failures here are crashes, missing
-# statistics, or no accepted drafts.
+#  3. the same with `--deterministic` (batch-invariant CUDA kernels): text must be identical;
+#  4. `sala bench --speculative-costs` on the tiny preset (smoke test of the cost table on CUDA).
+# Text differences in 1–2 are reported, not failed: the default bf16 kernels round a multi-token
+# verify and a single-token step differently (GEMV variants by row count), so a near tie may flip
+# an argmax (sala_cuda_tests checks those tokens by teacher forcing). With --deterministic every
+# verify row is computed as a decode row, so any difference fails.
 set -uo pipefail
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export SALA_HOME=$tmp/home
@@ -22,10 +22,11 @@ short="Once upon a time there was a speculative decoder on a GPU"
 long=$(for i in $(seq 200); do printf 'w%d ' $((i % 17)); done)
 G=(--backend cuda --raw --temperature 0 --max-tokens 300 --ignore-eos --no-stream)
 
-compare() {  # name plain-file spec-file
+compare() {  # name plain-file spec-file [strict]
   if cmp -s "$2" "$3"; then
     echo "  $1: identical to plain greedy"
   else
+    [ "${4:-}" = strict ] && bad "$1: differs from plain greedy with --deterministic"
     python3 - "$1" "$2" "$3" <<'PY'
 import sys
 name, a, b = sys.argv[1], open(sys.argv[2]).read(), open(sys.argv[3]).read()
@@ -60,6 +61,29 @@ if "$SALA" batch "$tmp/tiny" "${B[@]}" --speculative self --draft-layers 2 >"$tm
   compare "batch of 2, self" "$tmp/b.plain" "$tmp/b.self"
 else
   bad "batch --speculative self: $(tail -3 "$tmp/b.self.err")"
+fi
+
+# --deterministic: speculation exactly equals plain greedy on CUDA, alone and in a batch.
+D=(--backend cuda --deterministic --raw --temperature 0 --max-tokens 300 --ignore-eos --no-stream)
+for p in short long; do
+  prompt=${!p}
+  "$SALA" generate "$tmp/tiny" "$prompt" "${D[@]}" >"$tmp/$p.dplain" 2>"$tmp/$p.dplain.err" ||
+    { bad "plain generate --deterministic ($p): $(tail -3 "$tmp/$p.dplain.err")"; continue; }
+  for mode in self lookup; do
+    if "$SALA" generate "$tmp/tiny" "$prompt" "${D[@]}" --speculative $mode --draft-layers 2 --draft-tokens 4 \
+        >"$tmp/$p.d$mode" 2>"$tmp/$p.d$mode.err"; then
+      compare "$p prompt, $mode, --deterministic" "$tmp/$p.dplain" "$tmp/$p.d$mode" strict
+    else
+      bad "generate --deterministic --speculative $mode ($p): $(tail -3 "$tmp/$p.d$mode.err")"
+    fi
+  done
+done
+"$SALA" batch "$tmp/tiny" "${B[@]}" --deterministic >"$tmp/b.dplain" 2>"$tmp/b.dplain.err" ||
+  bad "plain batch --deterministic: $(tail -3 "$tmp/b.dplain.err")"
+if "$SALA" batch "$tmp/tiny" "${B[@]}" --deterministic --speculative self --draft-layers 2 >"$tmp/b.dself" 2>"$tmp/b.dself.err"; then
+  compare "batch of 2, self, --deterministic" "$tmp/b.dplain" "$tmp/b.dself" strict
+else
+  bad "batch --deterministic --speculative self: $(tail -3 "$tmp/b.dself.err")"
 fi
 
 # The cost table runs on CUDA (tiny: dense and sparse context); the 9B numbers come from

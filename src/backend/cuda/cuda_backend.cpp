@@ -116,7 +116,7 @@ void HostStage::copied(cudaStream_t stream) {
 
 // ---- construction ----
 
-CudaBackend::CudaBackend(int device) : device_(device) {
+CudaBackend::CudaBackend(int device, bool batch_invariant) : device_(device), batch_invariant_(batch_invariant) {
   SALA_CUDA_CHECK(cudaSetDevice(device));
   SALA_CUDA_CHECK(cudaGetDeviceProperties(&props_, device));
   SALA_CHECK(props_.major >= 8, "cuda backend: device {} ({}) has compute capability {}.{}; sm_80 or newer is required",
@@ -338,6 +338,7 @@ void CudaBackend::debug_fill_pools_random(uint64_t seed) {
 // so that CUDA graphs re-capture only when S changes, each warp keeping ≥ 1 tile).
 int CudaBackend::choose_select_splits(const std::vector<cuda::SelItem>& items) const {
   if (select_splits_knob_ >= 1) return select_splits_knob_;
+  if (batch_invariant_) return 1;  // the fused kernel: each token's scores independent of its group
   const int64_t units = int64_t(items.size()) * spec_.kv_heads;
   const int sms = props_.multiProcessorCount;
   int64_t max_tiles = 0;
@@ -378,7 +379,7 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
   const int kvh = std::max(spec_.kv_heads, 1);
   const int G = sparse_caches ? spec_.q_heads / kvh : 1;
   const int nheads = G <= 16 ? G : 16, subblocks = G <= 16 ? 1 : G / 16;
-  const int tpu = G <= 16 ? 16 / G : 1;
+  const int tpu = G <= 16 && !batch_invariant_ ? 16 / G : 1;  // tokens per 16-row attention unit
   int64_t cs_total = 0, keys_total = 0, max_blocks = 0;
 
   for (size_t si = 0; si < batch.seqs.size(); ++si) {
@@ -479,7 +480,7 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
     // selections (random data) the union grows with the context and per-warp items win beyond
     // ~2·K blocks (measured, docs/cuda-backend.md). Knob: set_sparse_shared_max_blocks.
     const int64_t shared_max = sparse_shared_max_blocks_ >= 0 ? sparse_shared_max_blocks_ : 2 * K;
-    if (n_sparse >= 4 && geo.n_blocks(T) <= std::min<int64_t>(shared_max, 40000)) {
+    if (!batch_invariant_ && n_sparse >= 4 && geo.n_blocks(T) <= std::min<int64_t>(shared_max, 40000)) {
       // Prefill-like: 4 consecutive tokens per CTA (one per warp) over the union of their blocks.
       max_blocks = std::max(max_blocks, geo.n_blocks(T));
       for (int64_t t0 = t_sel; t0 < e.n_new; t0 += 4) {
@@ -504,12 +505,14 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
   if (!items.empty()) {
     // One CTA (4 warps, two 32-key tiles in flight each) per SM saturates HBM; ask for two, with at
     // least 2 chunks per warp and at most 64 splits per unit (attention.cu kMaxSplit).
+    // Batch-invariant: the split count from the unit's own keys alone (≥ 8 chunks per split).
     const int64_t target = int64_t(props_.multiProcessorCount) * 2;
     const int64_t units = int64_t(items.size());
-    if (units < target) {
+    if (units < target || batch_invariant_) {
       std::vector<cuda::AttnItem> split;
       for (const auto& u : items) {
-        int ns = int(std::min<int64_t>({(target + units - 1) / units, std::max<int64_t>(1, u.nchunks / 8), 64}));
+        const int64_t fill = batch_invariant_ ? 64 : (target + units - 1) / units;
+        int ns = int(std::min<int64_t>({fill, std::max<int64_t>(1, u.nchunks / 8), 64}));
         ns = std::max(ns, 1);
         if (ns == 1) {
           split.push_back(u);
@@ -796,9 +799,18 @@ void CudaBackend::matmul(const Mat& x, const Weight& w, Mat y) {
   if (x.rows == 0) return;
   if (w.packed()) return matmul_packed(x, w, y);  // cuda_quant.cpp
   SALA_CHECK(w.w.dtype == DType::BF16, "cuda matmul: weight must be bf16, got {}", dtype_name(w.w.dtype));
-  if (use_gemv_ && x.rows <= 8) {
+  if (use_gemv_ && x.rows <= 8 && !batch_invariant_) {
     cuda::launch_gemv(x.data, dt_of(x.dtype, "matmul"), x.cols, w.w.data, w.out(), w.in(), y.data,
                       dt_of(y.dtype, "matmul"), y.cols, int(x.rows), gemv_mode_, pdl_ && props_.major >= 9, stream_);
+    return;
+  }
+  if (use_gemv_ && x.rows <= 64 && batch_invariant_) {  // one kernel (tensor cores, 4 warps), ≤ 8 rows a launch
+    const size_t xs = dtype_size(x.dtype), ys = dtype_size(y.dtype);
+    for (int64_t n0 = 0; n0 < x.rows; n0 += 8)
+      cuda::launch_gemv(static_cast<const uint8_t*>(x.data) + size_t(n0 * x.cols) * xs, dt_of(x.dtype, "matmul"),
+                        x.cols, w.w.data, w.out(), w.in(), static_cast<uint8_t*>(y.data) + size_t(n0 * y.cols) * ys,
+                        dt_of(y.dtype, "matmul"), y.cols, int(std::min<int64_t>(8, x.rows - n0)), 2,
+                        pdl_ && props_.major >= 9, stream_);
     return;
   }
   gemm_cublas(x, w, y);
@@ -808,6 +820,7 @@ void CudaBackend::matmul(const Mat& x, const Weight& w, Mat y) {
 // not cover (more rows, other weight formats, mixed output dtypes) runs part by part.
 void CudaBackend::matmul_group(const Mat& x, std::span<const MatmulPart> parts) {
   bool grouped = use_gemv_ && x.rows >= 1 && x.rows <= 8 && !parts.empty() && parts.size() <= size_t(cuda::kGemvMaxParts);
+  const int mode = batch_invariant_ ? 2 : gemv_mode_;  // the kernel matmul uses for these rows
   for (const MatmulPart& p : parts) {
     SALA_CHECK(x.cols == p.w->in() && p.y.cols == p.w->out() && x.rows == p.y.rows,
                "cuda matmul_group: x [{}, {}] · Wᵀ [{}, {}] -> y [{}, {}]", x.rows, x.cols, p.w->out(), p.w->in(),
@@ -823,7 +836,7 @@ void CudaBackend::matmul_group(const Mat& x, std::span<const MatmulPart> parts) 
   for (size_t i = 0; i < parts.size(); ++i)
     set.part[i] = {parts[i].w->w.data, parts[i].y.data, parts[i].w->out(), parts[i].y.cols};
   cuda::launch_gemv_set(x.data, dt_of(x.dtype, "matmul_group"), x.cols, set, x.cols,
-                        dt_of(parts[0].y.dtype, "matmul_group"), int(x.rows), gemv_mode_, pdl_ && props_.major >= 9,
+                        dt_of(parts[0].y.dtype, "matmul_group"), int(x.rows), mode, pdl_ && props_.major >= 9,
                         stream_);
 }
 
@@ -1104,6 +1117,8 @@ bool cuda_device_available() {
   return n > 0;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
+std::unique_ptr<Backend> make_cuda_backend(int device, bool batch_invariant) {
+  return std::make_unique<CudaBackend>(device, batch_invariant);
+}
 
 }  // namespace sala

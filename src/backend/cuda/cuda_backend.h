@@ -58,7 +58,12 @@ class HostStage {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device = 0);
+  // batch_invariant: every row's result independent of what else is in the batch (`--deterministic`):
+  // decode GEMVs of one fixed kernel in launches of ≤ 8 rows (up to 64 rows), one token per attention
+  // unit with key splits from its own context, the fused block selection. Slower; for exact
+  // speculative greedy identity and reproducible batched serving.
+  explicit CudaBackend(int device = 0, bool batch_invariant = false);
+  bool batch_invariant() const { return batch_invariant_; }
   ~CudaBackend() override;
   std::string name() const override { return "cuda"; }
   DType act_dtype() const override { return DType::BF16; }
@@ -166,6 +171,7 @@ class CudaBackend final : public Backend {
   bool gla_fma_ = false;
   int64_t sparse_shared_max_blocks_ = -1;
   int select_splits_knob_ = -1;
+  bool batch_invariant_ = false;
 
   // Caches.
   CacheSpec spec_;

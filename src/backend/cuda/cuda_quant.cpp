@@ -116,15 +116,17 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   // launches re-read the packed bytes: worth it while their codes add up to no more than a bf16
   // weight (2 bytes): up to 128 rows of q4, 64 of q8/fp8 — still ≥ 2× fewer bytes than the
   // dequantize + cuBLAS path below (packed + 2 written + 2 read per weight).
-  const int64_t launches = (N + 31) / 32;
+  // Batch-invariant backends: one fixed launch shape (8 warps) in launches of ≤ 8 rows, up to 64 rows.
+  const int64_t rows_per_launch = batch_invariant_ ? 8 : 32;
+  const int64_t launches = (N + rows_per_launch - 1) / rows_per_launch;
   const double code_bytes = w.format == WeightFormat::Q4 ? 0.5 : 1.0;
-  if (use_gemv_ && double(launches) * code_bytes <= 2.0) {
+  if (use_gemv_ && (batch_invariant_ ? N <= 64 : double(launches) * code_bytes <= 2.0)) {
     // gemv_mode_ 2/3 pick 4/16 warps per CTA as for the bf16 GEMV; otherwise automatic.
-    const int warps = gemv_mode_ == 2 ? 4 : gemv_mode_ == 3 ? 16 : 0;
-    for (int64_t n0 = 0; n0 < N; n0 += 32)
+    const int warps = batch_invariant_ ? 8 : gemv_mode_ == 2 ? 4 : gemv_mode_ == 3 ? 16 : 0;
+    for (int64_t n0 = 0; n0 < N; n0 += rows_per_launch)
       cuda::launch_qgemv(q, static_cast<const uint8_t*>(xb) + size_t(n0 * in) * 2, in,
                          static_cast<uint8_t*>(y.data) + size_t(n0 * y.cols) * ysize, ydt, y.cols,
-                         int(std::min<int64_t>(32, N - n0)), warps, pdl_ && props_.major >= 9, stream_);
+                         int(std::min<int64_t>(rows_per_launch, N - n0)), warps, pdl_ && props_.major >= 9, stream_);
     return;
   }
   // Larger N: row blocks dequantized to bf16 [rows, in] in the fixed scratch, then cuBLAS writes
