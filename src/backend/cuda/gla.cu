@@ -58,7 +58,7 @@ __global__ void __launch_bounds__((TC / 4) * (D / 4)) gla_recurrent_kernel(GlaAr
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        st[i][j] = gamma * st[i][j] + k[i] * v[j];
+        st[i][j] = fmaf(k[i], v[j], gamma * st[i][j]);  // spelled out: rollback.cu repeats it exactly
         p[j] += q[i] * st[i][j];
       }
 #pragma unroll

@@ -1,9 +1,10 @@
 // Exact rollback of lightning states for speculative decoding (spec §6.2), the CUDA twin of
-// backend/cpu/cpu_rollback.cpp: per head h of one layer,
-//   S[h] = exp(keep·g_h) · S_snap[h] + Σ_{j<keep} exp((keep−1−j)·g_h) · k_j ⊗ v_j
-// (the §3.7 chunk update with C' = keep), fp32 state, k/v as captured (bf16 on this backend, the
-// same rows the recurrent kernel consumed). Exponentials in double from the fp32 log-decay, as on
-// the CPU, never powers of a rounded γ.
+// backend/cpu/cpu_rollback.cpp: per head h of one layer, from the snapshot, the keep accepted
+// tokens' updates S ← γ·S + k_j ⊗ v_j one after the other, with the same fp32 operations as the
+// recurrent decode kernel (gla.cu: fmaf(k, v, γ·S), γ = float(exp(g)) in double): the state
+// after a rollback is bit for bit the state plain decoding reaches, so speculative greedy equals
+// plain greedy on a batch-invariant backend. (The closed form exp(keep·g)·S + Σ exp((keep−1−j)·g)
+// k_j ⊗ v_j of the CPU twin is the same state up to fp32 rounding, which can flip a near tie.)
 //
 // Cost per layer (9B: 32 heads × 128²): the snapshot read and the state written once, 2 · 2 MiB,
 // plus keep · d² FMAs per head (keep ≤ 9 in practice) → bandwidth bound, ~1.3 µs per layer at
@@ -29,8 +30,6 @@ __global__ void __launch_bounds__(kThreads) rollback_kernel(RollbackArgs a) {
   static_assert(E >= 1 && kRowsPerCta * D % kThreads == 0, "head dim must be a multiple of 16");
   __shared__ float ks[kJ][kRowsPerCta];  // k of this CTA's 16 rows
   __shared__ float vs[kJ][D];
-  __shared__ float wj[kJ];               // exp((keep − 1 − j)·g)
-  __shared__ float decay_s;              // exp(keep·g)
   const int tid = threadIdx.x;
   const int row0 = blockIdx.x * kRowsPerCta, h = blockIdx.y;
   const int kh = h / (a.heads / a.kv_heads);
@@ -38,20 +37,17 @@ __global__ void __launch_bounds__(kThreads) rollback_kernel(RollbackArgs a) {
   const int64_t slot_stride = int64_t(a.layers) * a.heads * D * D;
   const float* S0 = a.states + int64_t(a.snapshot_slot) * slot_stride + head_off;
   float* S = a.states + int64_t(a.slot) * slot_stride + head_off;
-  const double g = double(a.log_decay[h]);
-  if (tid == 0) decay_s = float(exp(double(a.keep) * g));
-  __syncthreads();
+  const float gamma = float(exp(double(a.log_decay[h])));  // as gla_recurrent_kernel
 
   float acc[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     const int idx = tid + e * kThreads;  // within the tile: row idx / D, column idx % D
-    acc[e] = decay_s * S0[int64_t(row0 + idx / D) * D + idx % D];
+    acc[e] = S0[int64_t(row0 + idx / D) * D + idx % D];
   }
   for (int j0 = 0; j0 < a.keep; j0 += kJ) {
     const int n = min(kJ, a.keep - j0);
     __syncthreads();  // previous chunk consumed
-    if (tid < n) wj[tid] = float(exp(double(a.keep - 1 - (j0 + tid)) * g));
     for (int i = tid; i < n * kRowsPerCta; i += kThreads) {
       const int j = i / kRowsPerCta, r = i % kRowsPerCta;
       ks[j][r] = ldf(a.k, a.dt, int64_t(j0 + j) * a.ldk + int64_t(kh) * D + row0 + r);
@@ -65,7 +61,7 @@ __global__ void __launch_bounds__(kThreads) rollback_kernel(RollbackArgs a) {
 #pragma unroll
       for (int e = 0; e < E; ++e) {
         const int idx = tid + e * kThreads;
-        acc[e] = fmaf(wj[j] * ks[j][idx / D], vs[j][idx % D], acc[e]);  // (w·k)·v, as on the CPU
+        acc[e] = fmaf(ks[j][idx / D], vs[j][idx % D], gamma * acc[e]);  // as gla_recurrent_kernel
       }
   }
 #pragma unroll
