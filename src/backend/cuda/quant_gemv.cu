@@ -133,7 +133,11 @@ __device__ __forceinline__ void mma_acc(float d[4], const uint32_t a[4], uint2 b
 // consecutive tiles of each of its row blocks per stage.
 // PR: the weight has one scale per row (group = in), known at compile time: no per-tile
 // parameter registers (they decide whether a shape fits 64 registers without spills).
-template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false>
+// LP: tile-group parameters are loaded when their tile is decoded, not a stage ahead (fewer
+// registers for grouped formats; the load overlaps the tile's decode and mma).
+// TG: every tile lies inside one group (group % tile_k == 0), known at compile time: the sub-tile
+// group path is compiled out.
+template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false>
 __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QWeight w, const bf16* __restrict__ x, int ldx,
                                                         void* __restrict__ yv, int ldy, int N, int y_f32,
                                                         int trigger) {
@@ -152,7 +156,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QWeight w, const bf
     params[r] = reinterpret_cast<const float4*>(w.params) + size_t(rb) * size_t(groups) * 8 + g;
   }
   const bool per_row = PR || G == in;               // one flush at the end
-  const bool tile_group = !per_row && G % KT == 0;  // every tile inside one group: flush per tile
+  const bool tile_group = TG || (!per_row && G % KT == 0);  // every tile inside one group: flush per tile
   // Group of tile k: k / (G / KT) — a shift when that is a power of two (no division per tile).
   const uint32_t tpg = tile_group ? uint32_t(G / KT) : 1u, G32 = uint32_t(G);
   const int tpg_shift = (tpg & (tpg - 1)) == 0 ? __ffs(int(tpg)) - 1 : -1;
@@ -171,7 +175,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QWeight w, const bf
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         cw[r][u] = ok ? ld_stream(codes[r] + k * 32) : zero4;
-        pt[r][u] = tile_group && ok ? ld_param(params[r] + gi * 8) : zero4f;
+        pt[r][u] = !LP && tile_group && ok ? ld_param(params[r] + gi * 8) : zero4f;
       }
     }
   };
@@ -229,6 +233,12 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QWeight w, const bf
     for (int u = 0; u < U; ++u) {
       const int k = s * step + warp + W * u;
       if (k >= ktiles) break;
+      float4 lp[R];
+      if constexpr (LP) {
+        const uint32_t gi = tpg_shift >= 0 ? uint32_t(k) >> tpg_shift : uint32_t(k) / tpg;
+#pragma unroll
+        for (int r = 0; r < R; ++r) lp[r] = tile_group ? ld_param(params[r] + gi * 8) : zero4f;
+      }
       uint2 xf[NT][MT];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
@@ -262,7 +272,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QWeight w, const bf
       }
       if (tile_group) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) flush(r, pt[r][u]);
+        for (int r = 0; r < R; ++r) flush(r, LP ? lp[r] : pt[r][u]);
         clear_cx();
       }
     }
@@ -429,33 +439,38 @@ void launch_pdl(bool pdl, void (*kernel)(KArgs...), unsigned blocks, unsigned th
   SALA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 
-template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false>
+template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false>
 void qgemv_cfg(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, bool pdl,
                cudaStream_t st) {
   const unsigned blocks = unsigned(((w.out + 15) / 16 + R - 1) / R);
-  launch_pdl(pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR>, blocks, W * 32, st, w, static_cast<const bf16*>(x), int(ldx), y,
+  launch_pdl(pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG>, blocks, W * 32, st, w, static_cast<const bf16*>(x), int(ldx), y,
              int(ldy), N, int(dty == kF32), int(g_trigger && pdl));
 }
 
 // N ≤ 8: one n-tile, one row block per CTA; the launch shape by format and size.
-template <int FMT, bool PR>
+template <int FMT, bool PR, bool TG>
 void qgemv_small(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps,
                  bool pdl, cudaStream_t st) {
   switch (g_small_variant) {  // benchmarks: launch shapes (tiles per stage U, warps W, min CTAs per SM)
-    case 1: return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 2: return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 3: return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 4: return qgemv_cfg<FMT, 1, 1, 2, 8, 4, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 5: return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 6: return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 7: return qgemv_cfg<FMT, 1, 1, 1, 8, 6, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 8: return qgemv_cfg<FMT, 1, 1, 2, 16, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 1: return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 2: return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 3: return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 4: return qgemv_cfg<FMT, 1, 1, 2, 8, 4, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 5: return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 6: return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 7: return qgemv_cfg<FMT, 1, 1, 1, 8, 6, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 8: return qgemv_cfg<FMT, 1, 1, 2, 16, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 9: return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, true, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 10: return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, true, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 11: return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, true, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 12: return qgemv_cfg<FMT, 1, 1, 2, 8, 4, PR, true, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 13: return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, true, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
     default: break;
   }
   switch (warps) {  // fixed warp counts (tests, benchmarks)
-    case 16: return qgemv_cfg<FMT, 1, 1, 4, 16, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 8: return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 4: return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 16: return qgemv_cfg<FMT, 1, 1, 4, 16, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 8: return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 4: return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
     default: break;
   }
   // Automatic, from the launch-shape sweeps (H200, 2026-11-25, bench/results/2026-11-25-h200-qgemv-sweep.md).
@@ -466,25 +481,26 @@ void qgemv_small(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, 
   // The lm_head (73448 rows): 4 warps of 4 tiles.
   if constexpr (PR && (FMT == kFP8 || FMT == kQ8)) {
     if (w.out <= 8192) {
-      if constexpr (FMT == kFP8) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
-      return qgemv_cfg<FMT, 1, 1, 2, 16, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      if constexpr (FMT == kFP8) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      return qgemv_cfg<FMT, 1, 1, 2, 16, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
     }
     if (w.out <= 32768) {
-      if (FMT == kFP8 && N == 1) return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
-      return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      if (FMT == kFP8 && N == 1) return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+      return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
     }
-    return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
   }
-  if (w.out > 16384) return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
-  return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR>(w, x, ldx, y, dty, ldy, N, pdl, st);
+  if (w.out > 16384) return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+  return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
 }
 
 template <int FMT>
 void qgemv_f(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps, bool pdl,
              cudaStream_t st) {
   if (N <= 8) {
-    if (w.group == w.in) return qgemv_small<FMT, true>(w, x, ldx, y, dty, ldy, N, warps, pdl, st);
-    return qgemv_small<FMT, false>(w, x, ldx, y, dty, ldy, N, warps, pdl, st);
+    if (w.group == w.in) return qgemv_small<FMT, true, false>(w, x, ldx, y, dty, ldy, N, warps, pdl, st);
+    if (w.group % tile_k(FMT) == 0) return qgemv_small<FMT, false, true>(w, x, ldx, y, dty, ldy, N, warps, pdl, st);
+    return qgemv_small<FMT, false, false>(w, x, ldx, y, dty, ldy, N, warps, pdl, st);
   }
   // N > 8: one decode of each A fragment feeds 2 or 4 n-tiles. Two row blocks per CTA share the
   // x fragments (x bytes per code byte: 2·N / (16·R) for Q4's 4 mmas per 16-byte piece).
