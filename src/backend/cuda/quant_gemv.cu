@@ -490,6 +490,12 @@ void qgemv_small(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, 
     }
     return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
   }
+  // Q4 in tile groups (group 64 or 128): late group parameters fit 64 registers (16 bytes of
+  // spills), third sweep: 16384×4096 22.3 → 19.8 µs, 4096×16384 22.1 → 18.8, lm_head 91.4 → 72.4.
+  if constexpr (FMT == kQ4 && TG) {
+    if (w.out <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, true, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, true, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+  }
   if (w.out > 16384) return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
   return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
 }
