@@ -14,7 +14,7 @@ namespace sala::cli {
 struct BackendOptions {
   std::string backend = "auto";  // auto: cuda when a GPU is present, else cpu
   int threads = 0;
-  bool deterministic = false;  // batch-invariant numerics (CPU backend)
+  bool deterministic = false;  // batch-invariant numerics (CPU and CUDA backends)
   void add(CLI::App& app);
   std::unique_ptr<Backend> make() const;
 };
