@@ -373,12 +373,13 @@ chat_msg() {
   jq -e ".choices[0] | .finish_reason == \"stop\" and (.message | $3)" "$WORK/body" >/dev/null ||
     fail "$1 chat {$2}: $(cat "$WORK/body"), expected $3"
 }
-# chat_sse URL EXTRA-FIELDS: streams a chat; sets REASONING and CONTENT (concatenated deltas, as JSON).
+# chat_sse URL EXTRA-FIELDS [raw]: streams a chat; sets REASONING and CONTENT (concatenated deltas,
+# as JSON). Unless "raw" (the block asked for verbatim), no think marker may be streamed.
 chat_sse() {
   curl -sN -H 'Content-Type: application/json' "$1/v1/chat/completions" -d "{$ASK,\"stream\":true$2}" >"$WORK/think.sse"
   check_sse "$WORK/think.sse" chat.completion.chunk false
   local j=$WORK/think.sse.json
-  ! grep -q 'think>' "$j" || fail "a think marker was streamed: $(cat "$j")"
+  [[ ${3:-} == raw ]] || ! grep -q 'think>' "$j" || fail "a think marker was streamed: $(cat "$j")"
   REASONING=$(jq -s -c 'map(.choices[0].delta.reasoning_content // empty) | add // ""' "$j")
   CONTENT=$(jq -s -c 'map(.choices[0].delta.content // empty) | add // ""' "$j")
   # Reasoning deltas all come before the first answer text.
@@ -391,7 +392,7 @@ chat_sse "$URL_think" ""
 chat_msg "$URL_think" ',"reasoning_format":"deepseek"' '.reasoning_content == "I ponder."'
 ok "a think block comes back as reasoning_content (message and streamed deltas), apart from the content"
 chat_msg "$URL_think" ',"reasoning_format":"raw"' ".content == \"$SCRIPT\" and (has(\"reasoning_content\") | not)"
-chat_sse "$URL_think" ',"reasoning_format":"none"'
+chat_sse "$URL_think" ',"reasoning_format":"none"' raw
 [[ $REASONING == '""' && $CONTENT == "\"$SCRIPT\"" ]] || fail "raw stream: $REASONING / $CONTENT"
 for f in ',"reasoning_format":"hidden"' ',"include_reasoning":false'; do
   chat_msg "$URL_think" "$f" '.content == "The answer." and (has("reasoning_content") | not)'
