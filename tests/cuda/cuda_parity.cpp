@@ -1141,36 +1141,41 @@ Forced teacher_force(Model& model, const std::vector<int32_t>& prompt, const std
 // Greedy speculative output (self-draft and prompt lookup) against plain greedy decoding, 300
 // tokens: prompt 20 crosses dense_len 256 while decoding (the verify is shortened at the switch),
 // prompt 300 decodes in the sparse regime; alone and both in one batch.
+// A speculative configuration of the greedy tests, and its outputs for every prompt: each prompt
+// alone (statistics summed), or all of them in one batch.
+struct SpecMode {
+  const char* name;
+  SpeculativeOptions o;
+  bool batched;
+};
+std::vector<std::vector<int32_t>> speculative_outputs(Model& model, const std::vector<std::vector<int32_t>>& prompts,
+                                                      int n, const SpecMode& m, SpeculativeStats& st) {
+  if (m.batched) return scheduler_generate(model, prompts, n, m.o, &st);
+  std::vector<std::vector<int32_t>> outs;
+  for (const auto& p : prompts) {
+    SpeculativeStats one;
+    outs.push_back(scheduler_generate(model, {p}, n, m.o, &one)[0]);
+    st.rounds += one.rounds, st.drafted += one.drafted, st.accepted += one.accepted, st.emitted += one.emitted;
+  }
+  return outs;
+}
+
 void test_speculative_greedy() {
   TinyGpu T;
   const int V = T.cfg.vocab_size, n = 300;
   const std::vector<std::vector<int32_t>> prompts = {tiny_tokens(20, V, 21), tiny_tokens(300, V, 22)};
   std::vector<std::vector<int32_t>> plain;
   for (const auto& p : prompts) plain.push_back(scheduler_generate(*T.model, {p}, n, {}, nullptr)[0]);
-  struct Mode {
-    const char* name;
-    SpeculativeOptions o;
-    bool batched;
-  };
-  const std::vector<Mode> modes = {
+  const std::vector<SpecMode> modes = {
       {"self L2 K4", {.mode = SpeculativeMode::Self, .draft_layers = 2, .draft_tokens = 4}, false},
       {"self L1 K7", {.mode = SpeculativeMode::Self, .draft_layers = 1, .draft_tokens = 7}, false},
       {"lookup K4", {.mode = SpeculativeMode::Lookup, .draft_layers = 8, .draft_tokens = 4}, false},
       {"self L2 K4, batch of 2", {.mode = SpeculativeMode::Self, .draft_layers = 2, .draft_tokens = 4}, true},
       {"lookup K4, batch of 2", {.mode = SpeculativeMode::Lookup, .draft_layers = 8, .draft_tokens = 4}, true},
   };
-  for (const Mode& m : modes) {
+  for (const SpecMode& m : modes) {
     SpeculativeStats st;
-    std::vector<std::vector<int32_t>> outs;
-    if (m.batched) {
-      outs = scheduler_generate(*T.model, prompts, n, m.o, &st);
-    } else {
-      for (const auto& p : prompts) {
-        SpeculativeStats one;
-        outs.push_back(scheduler_generate(*T.model, {p}, n, m.o, &one)[0]);
-        st.rounds += one.rounds, st.drafted += one.drafted, st.accepted += one.accepted, st.emitted += one.emitted;
-      }
-    }
+    const auto outs = speculative_outputs(*T.model, prompts, n, m, st);
     for (size_t i = 0; i < prompts.size(); ++i) {
       const Forced f = teacher_force(*T.model, prompts[i], outs[i]);
       size_t same = 0;
@@ -1204,12 +1209,7 @@ void test_batch_invariant_greedy() {
   for (size_t i = 0; i < prompts.size(); ++i)
     check(together[i] == plain[i], strf("batch-invariant: prompt %zu in a batch of 2 == alone", prompts[i].size()),
           strf("%zu tokens", plain[i].size()));
-  struct Mode {
-    const char* name;
-    SpeculativeOptions o;
-    bool batched;
-  };
-  const std::vector<Mode> modes = {
+  const std::vector<SpecMode> modes = {
       {"self L2 K4", {.mode = SpeculativeMode::Self, .draft_layers = 2, .draft_tokens = 4}, false},
       {"self L1 K7", {.mode = SpeculativeMode::Self, .draft_layers = 1, .draft_tokens = 7}, false},
       {"lookup K4", {.mode = SpeculativeMode::Lookup, .draft_layers = 8, .draft_tokens = 4}, false},
@@ -1217,18 +1217,9 @@ void test_batch_invariant_greedy() {
        false},
       {"self L2 K4, batch of 2", {.mode = SpeculativeMode::Self, .draft_layers = 2, .draft_tokens = 4}, true},
   };
-  for (const Mode& m : modes) {
+  for (const SpecMode& m : modes) {
     SpeculativeStats st;
-    std::vector<std::vector<int32_t>> outs;
-    if (m.batched) {
-      outs = scheduler_generate(*T.model, prompts, n, m.o, &st);
-    } else {
-      for (const auto& p : prompts) {
-        SpeculativeStats one;
-        outs.push_back(scheduler_generate(*T.model, {p}, n, m.o, &one)[0]);
-        st.rounds += one.rounds, st.drafted += one.drafted, st.accepted += one.accepted;
-      }
-    }
+    const auto outs = speculative_outputs(*T.model, prompts, n, m, st);
     for (size_t i = 0; i < prompts.size(); ++i) {
       size_t same = 0;
       while (same < outs[i].size() && same < plain[i].size() && outs[i][same] == plain[i][same]) ++same;
