@@ -153,6 +153,33 @@ __device__ __forceinline__ void grid_dep_wait() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
+// Whether the small decode kernels (norms, elementwise, GLA recurrent) are launched with
+// programmatic dependent launch (set by the backend with its PDL knob; one stream, host thread).
+inline bool g_small_pdl = false;
+
+// Launches kernel<<<grid, block, smem, st>>>(args...), with programmatic stream serialization
+// when pdl: the kernel may start while the previous one drains, so it must call grid_dep_wait()
+// before touching anything an earlier kernel writes or reads.
+template <typename... KArgs, typename... Args>
+void launch_pdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                Args... args) {
+  if (!pdl) {
+    kernel<<<grid, block, smem, st>>>(args...);
+    return;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  SALA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
+}
+
 __device__ __forceinline__ void prefetch_l2(const void* p) {
 #ifndef SALA_PRE_SM80
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));

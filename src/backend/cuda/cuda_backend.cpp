@@ -359,6 +359,7 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
   if (capturing_) abort_capture();  // a forward threw while being captured
   collect_timing();
   batch_ready_ = false;
+  cuda::set_small_kernel_pdl(pdl_ && props_.major >= 9);  // the knob, for this batch's small kernels
   const int64_t N = batch.n_tokens();
   n_tokens_ = N;
   tokens_host_ = batch.tokens;

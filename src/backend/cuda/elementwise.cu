@@ -39,6 +39,7 @@ __device__ __forceinline__ float ew_apply(float a, float b, float alpha, int dto
 template <int OP>
 __global__ void ew_bf16x8(int64_t n8, const uint4* __restrict__ a, const uint4* __restrict__ b, uint4* out,
                           float alpha) {
+  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8; i += int64_t(gridDim.x) * blockDim.x) {
     float fa[8], fb[8], fo[8];
     unpack8(a[i], fa);
@@ -67,9 +68,8 @@ void ew_launch(int64_t n, const void* a, Dt dta, const void* b, Dt dtb, void* ou
                     aligned16(out) && (OP == kScale || aligned16(b));
   if (fast) {
     const int64_t n8 = n / 8;
-    ew_bf16x8<OP><<<grid_for(n8, 256, 132 * 16), 256, 0, st>>>(n8, static_cast<const uint4*>(a),
-                                                                static_cast<const uint4*>(b), static_cast<uint4*>(out),
-                                                                alpha);
+    launch_pdl(g_small_pdl, ew_bf16x8<OP>, dim3(grid_for(n8, 256, 132 * 16)), dim3(256), 0, st, n8,
+               static_cast<const uint4*>(a), static_cast<const uint4*>(b), static_cast<uint4*>(out), alpha);
   } else {
     ew_generic<OP><<<grid_for(n, 256, 132 * 16), 256, 0, st>>>(n, a, dta, b, dtb, out, dto, alpha);
   }
@@ -108,6 +108,7 @@ __global__ void rmsnorm_bf16(const bf16* x, const bf16* w, bf16* y, int64_t rows
 // 16-byte pieces per thread), so every load is issued before the first use: one memory round trip.
 template <int PPT>
 __global__ void __launch_bounds__(256) rmsnorm_bf16_wide(const bf16* x, const bf16* w, bf16* y, int cols, float eps) {
+  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   __shared__ float red[8];
   const int64_t row = blockIdx.x;
   const uint4* xr = reinterpret_cast<const uint4*>(x + row * cols);
@@ -154,6 +155,7 @@ __global__ void __launch_bounds__(256) rmsnorm_bf16_wide(const bf16* x, const bf
 template <int PPT>
 __global__ void __launch_bounds__(256) add_rmsnorm_bf16_wide(bf16* h, const bf16* a, float alpha, const bf16* w, bf16* y,
                                                              int cols, float eps) {
+  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   __shared__ float red[8];
   const int64_t row = blockIdx.x;
   uint4* hr = reinterpret_cast<uint4*>(h + row * cols);
@@ -250,6 +252,7 @@ __global__ void __launch_bounds__(256) qk_norm_rope_bf16(bf16* q, int64_t q_rows
                                                          int64_t k_rows, const bf16* kw, int q_heads, int k_heads,
                                                          int head_dim, float eps, const int32_t* positions,
                                                          const float* inv_freq) {
+  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   const int64_t hr = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 16;  // global head row
   const int lane = threadIdx.x % 16;
   const unsigned mask = 0xffffu << (threadIdx.x % 32 / 16 * 16);
@@ -302,6 +305,7 @@ __global__ void __launch_bounds__(256) qk_norm_rope_bf16(bf16* q, int64_t q_rows
 template <int PPT>
 __global__ void __launch_bounds__(256) rmsnorm_gate_bf16_wide(const bf16* x, const bf16* w, const bf16* z, bf16* y,
                                                               int cols, float eps) {
+  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   __shared__ float red[8];
   const int64_t row = blockIdx.x;
   const uint4* xr = reinterpret_cast<const uint4*>(x + row * cols);
@@ -425,10 +429,10 @@ void launch_rmsnorm(const void* x, Dt dtx, const void* w, Dt dtw, void* y, Dt dt
     auto wb = static_cast<const bf16*>(w);
     auto yb = static_cast<bf16*>(y);
     const unsigned r = unsigned(rows);
-    if (ppt <= 1) rmsnorm_bf16_wide<1><<<r, 256, 0, st>>>(xb, wb, yb, int(cols), eps);
-    else if (ppt <= 2) rmsnorm_bf16_wide<2><<<r, 256, 0, st>>>(xb, wb, yb, int(cols), eps);
-    else if (ppt <= 4) rmsnorm_bf16_wide<4><<<r, 256, 0, st>>>(xb, wb, yb, int(cols), eps);
-    else rmsnorm_bf16_wide<8><<<r, 256, 0, st>>>(xb, wb, yb, int(cols), eps);
+    if (ppt <= 1) launch_pdl(g_small_pdl, rmsnorm_bf16_wide<1>, dim3(r), dim3(256), 0, st, xb, wb, yb, int(cols), eps);
+    else if (ppt <= 2) launch_pdl(g_small_pdl, rmsnorm_bf16_wide<2>, dim3(r), dim3(256), 0, st, xb, wb, yb, int(cols), eps);
+    else if (ppt <= 4) launch_pdl(g_small_pdl, rmsnorm_bf16_wide<4>, dim3(r), dim3(256), 0, st, xb, wb, yb, int(cols), eps);
+    else launch_pdl(g_small_pdl, rmsnorm_bf16_wide<8>, dim3(r), dim3(256), 0, st, xb, wb, yb, int(cols), eps);
   } else if (vec)
     rmsnorm_bf16<<<blocks, 256, 0, st>>>(static_cast<const bf16*>(x), static_cast<const bf16*>(w),
                                          static_cast<bf16*>(y), rows, int(cols), eps);
@@ -448,10 +452,10 @@ bool launch_add_rmsnorm(void* h, const void* a, float alpha, const void* w, void
   auto wb = static_cast<const bf16*>(w);
   auto yb = static_cast<bf16*>(y);
   const unsigned r = unsigned(rows);
-  if (ppt <= 1) add_rmsnorm_bf16_wide<1><<<r, 256, 0, st>>>(hb, ab, alpha, wb, yb, int(cols), eps);
-  else if (ppt <= 2) add_rmsnorm_bf16_wide<2><<<r, 256, 0, st>>>(hb, ab, alpha, wb, yb, int(cols), eps);
-  else if (ppt <= 4) add_rmsnorm_bf16_wide<4><<<r, 256, 0, st>>>(hb, ab, alpha, wb, yb, int(cols), eps);
-  else add_rmsnorm_bf16_wide<8><<<r, 256, 0, st>>>(hb, ab, alpha, wb, yb, int(cols), eps);
+  if (ppt <= 1) launch_pdl(g_small_pdl, add_rmsnorm_bf16_wide<1>, dim3(r), dim3(256), 0, st, hb, ab, alpha, wb, yb, int(cols), eps);
+  else if (ppt <= 2) launch_pdl(g_small_pdl, add_rmsnorm_bf16_wide<2>, dim3(r), dim3(256), 0, st, hb, ab, alpha, wb, yb, int(cols), eps);
+  else if (ppt <= 4) launch_pdl(g_small_pdl, add_rmsnorm_bf16_wide<4>, dim3(r), dim3(256), 0, st, hb, ab, alpha, wb, yb, int(cols), eps);
+  else launch_pdl(g_small_pdl, add_rmsnorm_bf16_wide<8>, dim3(r), dim3(256), 0, st, hb, ab, alpha, wb, yb, int(cols), eps);
   SALA_CUDA_LAUNCH("add_rmsnorm kernel");
   return true;
 }
@@ -464,7 +468,7 @@ bool launch_qk_norm_rope(void* q, int64_t q_rows, const void* qw, void* k, int64
   if (!ok) return false;
   const int64_t threads = (q_rows + k_rows) * 16;
   if (threads == 0) return true;
-  qk_norm_rope_bf16<<<unsigned((threads + 255) / 256), 256, 0, st>>>(
+  launch_pdl(g_small_pdl, qk_norm_rope_bf16, dim3(unsigned((threads + 255) / 256)), dim3(256), 0, st,
       static_cast<bf16*>(q), q_rows, static_cast<const bf16*>(qw), static_cast<bf16*>(k), k_rows,
       static_cast<const bf16*>(kw), q_heads, k_heads, head_dim, eps, positions, inv_freq);
   SALA_CUDA_LAUNCH("qk_norm_rope kernel");
@@ -482,10 +486,10 @@ bool launch_rmsnorm_gate(const void* x, const void* w, const void* z, void* y, i
   auto zb = static_cast<const bf16*>(z);
   auto yb = static_cast<bf16*>(y);
   const unsigned r = unsigned(rows);
-  if (ppt <= 1) rmsnorm_gate_bf16_wide<1><<<r, 256, 0, st>>>(xb, wb, zb, yb, int(cols), eps);
-  else if (ppt <= 2) rmsnorm_gate_bf16_wide<2><<<r, 256, 0, st>>>(xb, wb, zb, yb, int(cols), eps);
-  else if (ppt <= 4) rmsnorm_gate_bf16_wide<4><<<r, 256, 0, st>>>(xb, wb, zb, yb, int(cols), eps);
-  else rmsnorm_gate_bf16_wide<8><<<r, 256, 0, st>>>(xb, wb, zb, yb, int(cols), eps);
+  if (ppt <= 1) launch_pdl(g_small_pdl, rmsnorm_gate_bf16_wide<1>, dim3(r), dim3(256), 0, st, xb, wb, zb, yb, int(cols), eps);
+  else if (ppt <= 2) launch_pdl(g_small_pdl, rmsnorm_gate_bf16_wide<2>, dim3(r), dim3(256), 0, st, xb, wb, zb, yb, int(cols), eps);
+  else if (ppt <= 4) launch_pdl(g_small_pdl, rmsnorm_gate_bf16_wide<4>, dim3(r), dim3(256), 0, st, xb, wb, zb, yb, int(cols), eps);
+  else launch_pdl(g_small_pdl, rmsnorm_gate_bf16_wide<8>, dim3(r), dim3(256), 0, st, xb, wb, zb, yb, int(cols), eps);
   SALA_CUDA_LAUNCH("rmsnorm_gate kernel");
   return true;
 }
@@ -534,5 +538,7 @@ void launch_random_bf16(void* dst, int64_t n, float mean, float std, uint64_t se
   random_kernel<<<grid_for(n, 256, 132 * 32), 256, 0, st>>>(static_cast<bf16*>(dst), n, mean, std, seed);
   SALA_CUDA_LAUNCH("random kernel");
 }
+
+void set_small_kernel_pdl(bool on) { g_small_pdl = on; }
 
 }  // namespace sala::cuda

@@ -232,21 +232,7 @@ bool g_pdl = false;  // set per launch_gemv call (single stream, host thread)
 // Launch with programmatic stream serialization when g_pdl (the kernel waits in grid_dep_wait).
 template <typename... KArgs, typename... Args>
 void launch_k(void (*kernel)(KArgs...), unsigned blocks, unsigned threads, cudaStream_t st, Args... args) {
-  if (!g_pdl) {
-    kernel<<<blocks, threads, 0, st>>>(args...);
-    return;
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  SALA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
+  launch_pdl(g_pdl, kernel, dim3(blocks), dim3(threads), 0, st, args...);
 }
 
 // Fills set.first for CTAs of `rows` output rows; returns the total CTA count.

@@ -43,6 +43,9 @@ __global__ void __launch_bounds__((TC / 4) * (D / 4)) gla_recurrent_kernel(GlaAr
     const float4 v = *reinterpret_cast<const float4*>(S + int64_t(4 * rg + i) * D + col0);
     st[i][0] = v.x, st[i][1] = v.y, st[i][2] = v.z, st[i][3] = v.w;
   }
+  // The state was last written by this layer's previous step (long finished): it is read before
+  // grid_dep_wait, overlapping the previous kernel's tail when launched with PDL (g_small_pdl).
+  grid_dep_wait();  // q, k, v come from the kernels just before
   const float gamma = float(exp(double(a.log_decay[h])));
   __shared__ float red[2][RG][TC];
   for (int t = 0; t < s.n_new; ++t) {
@@ -468,7 +471,7 @@ template <int D>
 void recurrent_d(const GlaArgs& a, cudaStream_t st) {
   constexpr int TC = tile_cols<D>();
   dim3 grid(D / TC, a.heads, a.n_list);
-  gla_recurrent_kernel<D, TC><<<grid, (TC / 4) * (D / 4), 0, st>>>(a);
+  launch_pdl(g_small_pdl, gla_recurrent_kernel<D, TC>, grid, dim3((TC / 4) * (D / 4)), 0, st, a);
   SALA_CUDA_LAUNCH("gla_recurrent kernel");
 }
 

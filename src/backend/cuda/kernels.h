@@ -93,6 +93,8 @@ struct GatherRows {
 void launch_gather_rows_inline(const void* x, Dt dtx, const GatherRows& rows_idx, int64_t rows, int64_t cols,
                                void* out, Dt dto, cudaStream_t st);
 void launch_convert(const void* src, Dt dts, void* dst, Dt dtd, int64_t n, cudaStream_t st);
+// Programmatic dependent launch for the small decode kernels (norms, elementwise, GLA recurrent).
+void set_small_kernel_pdl(bool on);
 void launch_random_bf16(void* dst, int64_t n, float mean, float std, uint64_t seed, cudaStream_t st);
 
 // ---- matrix products (gemv.cu; the large case is cuBLAS in cuda_backend.cpp) ----

@@ -420,30 +420,12 @@ __global__ void qrandom_params_kernel(QWeight w, float* params, float scale, flo
   }
 }
 
-// Launch with programmatic stream serialization when pdl (the kernel waits in grid_dep_wait).
-template <typename... KArgs, typename... Args>
-void launch_pdl(bool pdl, void (*kernel)(KArgs...), unsigned blocks, unsigned threads, cudaStream_t st, Args... args) {
-  if (!pdl) {
-    kernel<<<blocks, threads, 0, st>>>(args...);
-    return;
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(threads);
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  SALA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
-}
 
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false>
 void qgemv_cfg(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, bool pdl,
                cudaStream_t st) {
   const unsigned blocks = unsigned(((w.out + 15) / 16 + R - 1) / R);
-  launch_pdl(pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG>, blocks, W * 32, st, w, static_cast<const bf16*>(x), int(ldx), y,
+  launch_pdl(pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG>, dim3(blocks), dim3(W * 32), 0, st, w, static_cast<const bf16*>(x), int(ldx), y,
              int(ldy), N, int(dty == kF32), int(g_trigger && pdl));
 }
 
