@@ -36,6 +36,7 @@ constexpr int kMaxSplit = 64;  // the host never splits a unit further
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32, 1) attention_kernel(SparseArgs a) {
   extern __shared__ float4 smem4[];
+  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   __shared__ float s_m[kWarps][16], s_l[kWarps][16];
   constexpr uint32_t kTile = 32 * D * 2;  // bytes of one 32-row bf16 tile
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -214,6 +215,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_kernel(SparseArgs a)
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) attention_dense_kernel(SparseArgs a) {
   extern __shared__ float4 smem4[];
+  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   constexpr uint32_t kTile = 32 * D * 2;
   constexpr int CPR = D / 8;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tid = threadIdx.x;
@@ -404,6 +406,7 @@ __device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) 
 
 template <int D>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(SparseArgs a) {
+  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   constexpr int Q = D / 4;                    // float4 per row
   constexpr int SG = kCombineThreads / Q;     // split groups
   __shared__ float w[kMaxSplit];
@@ -464,14 +467,15 @@ void attention_d(const SparseArgs& a, cudaStream_t st) {
     dense_attr = smem_dense;
   }
   if (a.n_dense_items > 0) {
-    attention_dense_kernel<D><<<unsigned(a.n_dense_items), kWarps * 32, smem_dense, st>>>(a);
+    launch_pdl(g_small_pdl, attention_dense_kernel<D>, dim3(unsigned(a.n_dense_items)), dim3(kWarps * 32), smem_dense,
+               st, a);
     SALA_CUDA_LAUNCH("attention dense kernel");
   }
   if (a.n_items <= 0) return;
-  attention_kernel<D><<<unsigned(a.n_items), kWarps * 32, smem, st>>>(a);
+  launch_pdl(g_small_pdl, attention_kernel<D>, dim3(unsigned(a.n_items)), dim3(kWarps * 32), smem, st, a);
   SALA_CUDA_LAUNCH("attention kernel");
   if (a.n_combine > 0) {
-    combine_kernel<D><<<dim3(unsigned(a.n_combine), 16), kCombineThreads, 0, st>>>(a);
+    launch_pdl(g_small_pdl, combine_kernel<D>, dim3(unsigned(a.n_combine), 16), dim3(kCombineThreads), 0, st, a);
     SALA_CUDA_LAUNCH("attention combine kernel");
   }
 }

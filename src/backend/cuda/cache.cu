@@ -14,6 +14,7 @@ namespace {
 
 __global__ void append_bf16x8(uint4* kpool, uint4* vpool, const uint4* k, const uint4* v, int64_t ldk8, int64_t ldv8,
                               const int64_t* row_dst, int64_t n_rows, int row8, int64_t layer_rows) {
+  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   const int64_t total = n_rows * row8;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
@@ -44,6 +45,7 @@ constexpr int kCompressThreads = 256;
 __global__ void __launch_bounds__(kCompressThreads) compress_kernel(PoolGeom pool, int layer, const CompressJob* jobs,
                                                                     const SeqMeta* seqs, const int32_t* pages) {
   __shared__ float part[kCompressThreads * 8];
+  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   const CompressJob job = jobs[blockIdx.x];
   const SeqMeta s = seqs[job.seq];
   const int row = pool.kvh * pool.d;
@@ -94,7 +96,7 @@ void launch_append_kv(const PoolGeom& pool, int layer, const void* k, const void
   const int64_t layer_rows = int64_t(layer) * pool.max_pages * pool.bs;
   const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
   if (dt == kBF16 && row % 8 == 0 && ldk % 8 == 0 && ldv % 8 == 0 && al(k) && al(v)) {
-    append_bf16x8<<<grid_for(n_rows * row / 8, 256), 256, 0, st>>>(
+    launch_pdl(g_small_pdl, append_bf16x8, dim3(grid_for(n_rows * row / 8, 256)), dim3(256), 0, st,
         static_cast<uint4*>(pool.k), static_cast<uint4*>(pool.v), static_cast<const uint4*>(k),
         static_cast<const uint4*>(v), ldk / 8, ldv / 8, row_dst, n_rows, row / 8, layer_rows);
   } else {
@@ -108,7 +110,8 @@ void launch_compress(const PoolGeom& pool, int layer, const CompressJob* jobs, i
                      const int32_t* pages, cudaStream_t st) {
   if (n_jobs <= 0) return;
   SALA_CUDA_REQUIRE((pool.kvh * pool.d) % 8 == 0, "compress: kv_heads·head_dim must be a multiple of 8");
-  compress_kernel<<<n_jobs, kCompressThreads, 0, st>>>(pool, layer, jobs, seqs, pages);
+  launch_pdl(g_small_pdl, compress_kernel, dim3(unsigned(n_jobs)), dim3(kCompressThreads), 0, st, pool, layer, jobs,
+             seqs, pages);
   SALA_CUDA_LAUNCH("compress kernel");
 }
 
