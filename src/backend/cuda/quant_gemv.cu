@@ -11,7 +11,8 @@
 //   every byte should be requested at once (each SM owns ~80 KB of it).
 //
 // Kernel: a CTA owns R row blocks of 16 rows (R = 1, or 2 for N > 8); its W warps take the
-// tiles in turn, U tiles per stage and two stages in flight: the codes and params of stage s+1
+// tiles in turn, U tiles per stage and two stages in flight (U, W and a minimum of CTAs per SM
+// form the launch shape, chosen per format and size in qgemv_small from measured sweeps): the codes and params of stage s+1
 // (and, before griddepcontrol.wait, of stages 0 and 1: weights never depend on the previous
 // kernel) are in registers while stage s is decoded (~2·U·R·640 B per warp, ~80 KB per SM for
 // Q4 at N ≤ 8). Per mma.sync.m16n8k16 a lane decodes its codes for rows g and g+8 into the
