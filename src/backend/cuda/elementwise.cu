@@ -104,6 +104,30 @@ __global__ void rmsnorm_bf16(const bf16* x, const bf16* w, bf16* y, int64_t rows
   }
 }
 
+// The wide row kernels' shared steps (256 threads, 8 warps, one row per CTA): a thread's sum of
+// squares of its pieces, and 1 / rms of the row from every thread's partial sum.
+template <int PPT>
+__device__ __forceinline__ float sum_squares(const uint4 (&v)[PPT]) {
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < PPT; ++i) {
+    float f[8];
+    unpack8(v[i], f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+  }
+  return ss;
+}
+__device__ __forceinline__ float block_inv_rms(float ss, float* red, int cols, float eps) {
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float tot = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) tot += red[i];
+  return 1.0f / sqrtf(tot / float(cols) + eps);
+}
+
 // Wide rows (≥ 1024 bf16): one CTA of 256 threads per row, the row held in registers (PPT
 // 16-byte pieces per thread), so every load is issued before the first use: one memory round trip.
 template <int PPT>
@@ -121,21 +145,8 @@ __global__ void __launch_bounds__(256) rmsnorm_bf16_wide(const bf16* x, const bf
     const int p = tid + 256 * i;
     v[i] = p < n8 ? xr[p] : make_uint4(0, 0, 0, 0);
   }
-  float ss = 0.f;
-#pragma unroll
-  for (int i = 0; i < PPT; ++i) {
-    float f[8];
-    unpack8(v[i], f);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
-  }
-  ss = warp_sum(ss);
-  if (tid % 32 == 0) red[tid / 32] = ss;
-  __syncthreads();
-  float tot = 0.f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) tot += red[i];
-  const float inv = 1.0f / sqrtf(tot / float(cols) + eps);
+  const float ss = sum_squares(v);
+  const float inv = block_inv_rms(ss, red, cols, eps);
 #pragma unroll
   for (int i = 0; i < PPT; ++i) {
     const int p = tid + 256 * i;
@@ -183,13 +194,7 @@ __global__ void __launch_bounds__(256) add_rmsnorm_bf16_wide(bf16* h, const bf16
 #pragma unroll
     for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
   }
-  ss = warp_sum(ss);
-  if (tid % 32 == 0) red[tid / 32] = ss;
-  __syncthreads();
-  float tot = 0.f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) tot += red[i];
-  const float inv = 1.0f / sqrtf(tot / float(cols) + eps);
+  const float inv = block_inv_rms(ss, red, cols, eps);
 #pragma unroll
   for (int i = 0; i < PPT; ++i) {
     const int p = tid + 256 * i;
@@ -320,21 +325,8 @@ __global__ void __launch_bounds__(256) rmsnorm_gate_bf16_wide(const bf16* x, con
     v[i] = p < n8 ? xr[p] : make_uint4(0, 0, 0, 0);
     zv[i] = p < n8 ? zr[p] : make_uint4(0, 0, 0, 0);
   }
-  float ss = 0.f;
-#pragma unroll
-  for (int i = 0; i < PPT; ++i) {
-    float f[8];
-    unpack8(v[i], f);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
-  }
-  ss = warp_sum(ss);
-  if (tid % 32 == 0) red[tid / 32] = ss;
-  __syncthreads();
-  float tot = 0.f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) tot += red[i];
-  const float inv = 1.0f / sqrtf(tot / float(cols) + eps);
+  const float ss = sum_squares(v);
+  const float inv = block_inv_rms(ss, red, cols, eps);
 #pragma unroll
   for (int i = 0; i < PPT; ++i) {
     const int p = tid + 256 * i;

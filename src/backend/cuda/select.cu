@@ -402,21 +402,43 @@ __global__ void __launch_bounds__(kWarps * 32) select_fused_kernel(SparseArgs a)
   }
 }
 
+// A CTA of the split path: (item, KV head) unit ih = blockIdx / S and its split; its one-token
+// group staged in shared memory after the warps' tile buffers, the page table, the q heads per KV
+// head and this warp's tile buffers.
+template <int D>
+struct SplitCta {
+  TokenGroup<D>* tg;
+  const int32_t* pages;
+  uint32_t sbase;
+  int warp, lane, S, split, ih, h, G;
+};
+template <int D>
+__device__ __forceinline__ SplitCta<D> split_cta(const SparseArgs& a, float4* smem4) {
+  constexpr size_t kTiles = size_t(kWarps) * 2 * 32 * D * 2;
+  SplitCta<D> c;
+  c.tg = reinterpret_cast<TokenGroup<D>*>(reinterpret_cast<char*>(smem4) + kTiles);
+  c.warp = threadIdx.x / 32, c.lane = threadIdx.x % 32;
+  const int kvh = a.pool.kvh;
+  c.S = a.sel_splits;
+  c.split = int(blockIdx.x) % c.S, c.ih = int(blockIdx.x) / c.S;
+  c.h = c.ih % kvh;
+  c.pages = load_group(*c.tg, a, c.ih / kvh, 1);
+  c.G = a.q_heads / kvh;
+  c.sbase = smem_addr(reinterpret_cast<char*>(smem4) + size_t(c.warp) * 2 * (32 * D * 2));
+  return c;
+}
+
 // Few items (decode): the key tiles of each (item, KV head) are split over S CTAs. Pass 1 writes
 // each split's (M, L) per row; pass 2 merges them into Λ and scores its K1 columns.
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) select_lse_kernel(SparseArgs a) {
   extern __shared__ float4 smem4[];
   __shared__ float s_ml[kWarps + 1][kGroupTokens][16][2];
-  constexpr size_t kTiles = size_t(kWarps) * 2 * 32 * D * 2;
-  TokenGroup<D>& tg = *reinterpret_cast<TokenGroup<D>*>(reinterpret_cast<char*>(smem4) + kTiles);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int kvh = a.pool.kvh, S = a.sel_splits;
-  const int split = int(blockIdx.x) % S, ih = int(blockIdx.x) / S;
-  const int item_idx = ih / kvh, h = ih % kvh;
-  const int32_t* pages = load_group(tg, a, item_idx, 1);
-  const int G = a.q_heads / kvh;
-  const uint32_t sbase = smem_addr(reinterpret_cast<char*>(smem4) + size_t(warp) * 2 * (32 * D * 2));
+  const SplitCta<D> c = split_cta<D>(a, smem4);
+  TokenGroup<D>& tg = *c.tg;
+  const int warp = c.warp, lane = c.lane, S = c.S, split = c.split, ih = c.ih, h = c.h, G = c.G;
+  const int32_t* pages = c.pages;
+  const uint32_t sbase = c.sbase;
   const int n2 = tg.it[0].vis2;
   int t0, t1;
   split_range(n2, split, S, t0, t1);
@@ -438,15 +460,11 @@ __global__ void __launch_bounds__(kWarps * 32) select_lse_kernel(SparseArgs a) {
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) select_colsum_kernel(SparseArgs a) {
   extern __shared__ float4 smem4[];
-  constexpr size_t kTiles = size_t(kWarps) * 2 * 32 * D * 2;
-  TokenGroup<D>& tg = *reinterpret_cast<TokenGroup<D>*>(reinterpret_cast<char*>(smem4) + kTiles);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int kvh = a.pool.kvh, S = a.sel_splits;
-  const int split = int(blockIdx.x) % S, ih = int(blockIdx.x) / S;
-  const int item_idx = ih / kvh, h = ih % kvh;
-  const int32_t* pages = load_group(tg, a, item_idx, 1);
-  const int G = a.q_heads / kvh;
-  const uint32_t sbase = smem_addr(reinterpret_cast<char*>(smem4) + size_t(warp) * 2 * (32 * D * 2));
+  const SplitCta<D> c = split_cta<D>(a, smem4);
+  TokenGroup<D>& tg = *c.tg;
+  const int warp = c.warp, lane = c.lane, S = c.S, split = c.split, ih = c.ih, h = c.h, G = c.G;
+  const int32_t* pages = c.pages;
+  const uint32_t sbase = c.sbase;
   const int gq = lane / 4;
   const int n1 = tg.it[0].ncol;
   int t0, t1;
