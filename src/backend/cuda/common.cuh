@@ -153,6 +153,15 @@ __device__ __forceinline__ void grid_dep_wait() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
+// Lets the next kernel in the stream (launched with programmatic serialization) start now: its
+// CTAs can become resident and run their pre-wait part (weight loads) while this grid works;
+// its griddepcontrol.wait still waits for this whole grid to complete and flush. Safe at any point
+// of a kernel, since every kernel writes only after its own grid_dep_wait.
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 // Whether the small decode kernels (norms, elementwise, GLA recurrent) are launched with
 // programmatic dependent launch (set by the backend with its PDL knob; one stream, host thread).
 inline bool g_small_pdl = false;

@@ -79,14 +79,6 @@ __device__ __forceinline__ float4 ld_param(const float4* p) {
   return v;
 }
 
-// Lets the next kernel in the stream (launched with programmatic serialization) start; its
-// griddepcontrol.wait still waits for this whole grid to complete.
-__device__ __forceinline__ void launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
 // FP8: e4m3 bytes 2h, 2h+1 of a word as a bf16x2 of the exact values times kFp8Unit.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 constexpr float kFp8Unit = 1.f;
