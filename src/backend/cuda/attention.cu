@@ -36,6 +36,7 @@ constexpr int kMaxSplit = 64;  // the host never splits a unit further
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32, 1) attention_kernel(SparseArgs a) {
   extern __shared__ float4 smem4[];
+  launch_dependents();  // the next kernel may start loading its weights (common.cuh)
   grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   __shared__ float s_m[kWarps][16], s_l[kWarps][16];
   constexpr uint32_t kTile = 32 * D * 2;  // bytes of one 32-row bf16 tile
@@ -215,6 +216,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_kernel(SparseArgs a)
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) attention_dense_kernel(SparseArgs a) {
   extern __shared__ float4 smem4[];
+  launch_dependents();  // the next kernel may start loading its weights (common.cuh)
   grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   constexpr uint32_t kTile = 32 * D * 2;
   constexpr int CPR = D / 8;
@@ -406,6 +408,7 @@ __device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) 
 
 template <int D>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(SparseArgs a) {
+  launch_dependents();  // the next kernel may start loading its weights (common.cuh)
   grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   constexpr int Q = D / 4;                    // float4 per row
   constexpr int SG = kCombineThreads / Q;     // split groups

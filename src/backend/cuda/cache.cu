@@ -14,6 +14,7 @@ namespace {
 
 __global__ void append_bf16x8(uint4* kpool, uint4* vpool, const uint4* k, const uint4* v, int64_t ldk8, int64_t ldv8,
                               const int64_t* row_dst, int64_t n_rows, int row8, int64_t layer_rows) {
+  launch_dependents();  // the next kernel may start loading its weights (common.cuh)
   grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   const int64_t total = n_rows * row8;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -45,6 +46,7 @@ constexpr int kCompressThreads = 256;
 __global__ void __launch_bounds__(kCompressThreads) compress_kernel(PoolGeom pool, int layer, const CompressJob* jobs,
                                                                     const SeqMeta* seqs, const int32_t* pages) {
   __shared__ float part[kCompressThreads * 8];
+  launch_dependents();  // the next kernel may start loading its weights (common.cuh)
   grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   const CompressJob job = jobs[blockIdx.x];
   const SeqMeta s = seqs[job.seq];

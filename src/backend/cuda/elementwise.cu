@@ -39,6 +39,7 @@ __device__ __forceinline__ float ew_apply(float a, float b, float alpha, int dto
 template <int OP>
 __global__ void ew_bf16x8(int64_t n8, const uint4* __restrict__ a, const uint4* __restrict__ b, uint4* out,
                           float alpha) {
+  launch_dependents();  // the next kernel may start loading its weights (common.cuh)
   grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8; i += int64_t(gridDim.x) * blockDim.x) {
     float fa[8], fb[8], fo[8];
@@ -132,6 +133,7 @@ __device__ __forceinline__ float block_inv_rms(float ss, float* red, int cols, f
 // 16-byte pieces per thread), so every load is issued before the first use: one memory round trip.
 template <int PPT>
 __global__ void __launch_bounds__(256) rmsnorm_bf16_wide(const bf16* x, const bf16* w, bf16* y, int cols, float eps) {
+  launch_dependents();  // the next kernel may start loading its weights (common.cuh)
   grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   __shared__ float red[8];
   const int64_t row = blockIdx.x;
@@ -166,6 +168,7 @@ __global__ void __launch_bounds__(256) rmsnorm_bf16_wide(const bf16* x, const bf
 template <int PPT>
 __global__ void __launch_bounds__(256) add_rmsnorm_bf16_wide(bf16* h, const bf16* a, float alpha, const bf16* w, bf16* y,
                                                              int cols, float eps) {
+  launch_dependents();  // the next kernel may start loading its weights (common.cuh)
   grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   __shared__ float red[8];
   const int64_t row = blockIdx.x;
@@ -257,6 +260,7 @@ __global__ void __launch_bounds__(256) qk_norm_rope_bf16(bf16* q, int64_t q_rows
                                                          int64_t k_rows, const bf16* kw, int q_heads, int k_heads,
                                                          int head_dim, float eps, const int32_t* positions,
                                                          const float* inv_freq) {
+  launch_dependents();  // the next kernel may start loading its weights (common.cuh)
   grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   const int64_t hr = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 16;  // global head row
   const int lane = threadIdx.x % 16;
@@ -310,6 +314,7 @@ __global__ void __launch_bounds__(256) qk_norm_rope_bf16(bf16* q, int64_t q_rows
 template <int PPT>
 __global__ void __launch_bounds__(256) rmsnorm_gate_bf16_wide(const bf16* x, const bf16* w, const bf16* z, bf16* y,
                                                               int cols, float eps) {
+  launch_dependents();  // the next kernel may start loading its weights (common.cuh)
   grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   __shared__ float red[8];
   const int64_t row = blockIdx.x;

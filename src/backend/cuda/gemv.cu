@@ -14,8 +14,10 @@
 // threads stride the `in` dimension in 16-byte pieces (8 bf16), so every load of W is a full 16-byte, coalesced access, 2 pieces in flight per
 // row and thread; x pieces are shared by the 4 rows (x traffic N/4 per W byte, L1 resident).
 // Partial sums: warp shuffle, then the 4 warps through shared memory.
-// Both are launched with programmatic dependent launch on sm_90: weights are prefetched into L2
-// before griddepcontrol.wait, overlapping the previous kernel's tail (+4-5% end-to-end decode).
+// Both are launched with programmatic dependent launch on sm_90: the first stage of weights is
+// loaded into registers before griddepcontrol.wait, overlapping the previous kernel (+4-5%
+// end-to-end decode with L2 prefetches; registers since 2026-11-25), and the next kernel is let
+// in (launch_dependents) as soon as this one may compute.
 // Measured (H200, 2026-11-22, fraction of the 4.22 TB/s device copy, automatic variant):
 //   N=1: 4096×4096 68%, 16384×4096 88%, 4096×16384 92%, 73448×4096 (lm_head) 99%
 //   N=8: 4096×4096 54%, 16384×4096 81%, 4096×16384 78%, 73448×4096 90%
@@ -75,26 +77,34 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const XT* __restrict_
 
   const int64_t pieces = in / 8;
   constexpr int kStride = kWarps * 32;
-  // Weights never depend on earlier kernels: start pulling them before the dependency wait.
-#pragma unroll
-  for (int u = 0; u < 2; ++u)
-    if (tid + u * kStride < pieces)
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) prefetch_l2(reinterpret_cast<const uint4*>(wr[r]) + tid + u * kStride);
-  grid_dep_wait();
-  int64_t p = tid;
-  // Two pieces per iteration: 2·kRows independent 16-byte weight loads in flight per thread.
-  for (; p + kStride < pieces; p += 2 * kStride) {
-    uint4 wv[2][kRows];
+  // Two pieces per stage: 2·kRows independent 16-byte weight loads in flight per thread, the next
+  // stage's loads issued before this stage's FMAs. Weights never depend on earlier kernels: the
+  // first stage is loaded before the dependency wait, overlapping the previous kernel (with PDL).
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  uint4 wv[2][kRows];
+  auto load = [&](int64_t p) {
 #pragma unroll
     for (int u = 0; u < 2; ++u)
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) wv[u][r] = __ldg(reinterpret_cast<const uint4*>(wr[r]) + p + u * kStride);
+      for (int r = 0; r < kRows; ++r)
+        wv[u][r] = p + u * kStride < pieces ? __ldg(reinterpret_cast<const uint4*>(wr[r]) + p + u * kStride) : zero;
+  };
+  load(tid);
+  grid_dep_wait();
+  launch_dependents();
+  for (int64_t p = tid; p < pieces; p += 2 * kStride) {
+    uint4 cur[2][kRows];
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) cur[u][r] = wv[u][r];
+    if (p + 2 * kStride < pieces) load(p + 2 * kStride);
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
+      if (p + u * kStride >= pieces) break;
       float wf[kRows][8];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) unpack8(wv[u][r], wf[r]);
+      for (int r = 0; r < kRows; ++r) unpack8(cur[u][r], wf[r]);
 #pragma unroll
       for (int n = 0; n < N; ++n) {
         float xf[8];
@@ -104,20 +114,6 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const XT* __restrict_
 #pragma unroll
           for (int j = 0; j < 8; ++j) acc[n][r] = fmaf(xf[j], wf[r][j], acc[n][r]);
       }
-    }
-  }
-  if (p < pieces) {
-    float wf[kRows][8];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) unpack8(__ldg(reinterpret_cast<const uint4*>(wr[r]) + p), wf[r]);
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      float xf[8];
-      load_x8<XT>(x + n * ldx + p * 8, xf);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[n][r] = fmaf(xf[j], wf[r][j], acc[n][r]);
     }
   }
 
@@ -161,22 +157,27 @@ __global__ void __launch_bounds__(W * 32) gemv_mma_kernel(const bf16* __restrict
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   const int nblk = int(in / 32);
   int b = warp;
-  // Weights never depend on earlier kernels: start pulling them before the dependency wait.
-#pragma unroll
-  for (int u = 0; u < kMmaU; ++u)
-    if (b + W * u < nblk) {
-      prefetch_l2(wa + 4 * (b + W * u));
-      prefetch_l2(wb + 4 * (b + W * u));
-    }
-  grid_dep_wait();
-  for (; b + W * (kMmaU - 1) < nblk; b += W * kMmaU) {
-    uint4 A[kMmaU], B[kMmaU], X[kMmaU];
+  // Weights never depend on earlier kernels: the first stage is loaded before the dependency wait.
+  uint4 A[kMmaU], B[kMmaU], X[kMmaU];
+  bool loaded = b + W * (kMmaU - 1) < nblk;
+  if (loaded)
 #pragma unroll
     for (int u = 0; u < kMmaU; ++u) {
       A[u] = __ldg(wa + 4 * (b + W * u));
       B[u] = __ldg(wb + 4 * (b + W * u));
+    }
+  grid_dep_wait();
+  launch_dependents();
+  for (; b + W * (kMmaU - 1) < nblk; b += W * kMmaU) {
+#pragma unroll
+    for (int u = 0; u < kMmaU; ++u) {
+      if (!loaded) {
+        A[u] = __ldg(wa + 4 * (b + W * u));
+        B[u] = __ldg(wb + 4 * (b + W * u));
+      }
       X[u] = xv ? xr[4 * (b + W * u)] : zero;
     }
+    loaded = false;
 #pragma unroll
     for (int u = 0; u < kMmaU; ++u) {
       const uint32_t a0[4] = {A[u].x, B[u].x, A[u].y, B[u].y};
@@ -186,11 +187,11 @@ __global__ void __launch_bounds__(W * 32) gemv_mma_kernel(const bf16* __restrict
     }
   }
   for (; b < nblk; b += W) {
-    const uint4 A = __ldg(wa + 4 * b), B = __ldg(wb + 4 * b), X = xv ? xr[4 * b] : zero;
-    const uint32_t a0[4] = {A.x, B.x, A.y, B.y};
-    const uint32_t a1[4] = {A.z, B.z, A.w, B.w};
-    mma16816(c, a0, X.x, X.y);
-    mma16816(c, a1, X.z, X.w);
+    const uint4 wa1 = __ldg(wa + 4 * b), wb1 = __ldg(wb + 4 * b), x1 = xv ? xr[4 * b] : zero;
+    const uint32_t a0[4] = {wa1.x, wb1.x, wa1.y, wb1.y};
+    const uint32_t a1[4] = {wa1.z, wb1.z, wa1.w, wb1.w};
+    mma16816(c, a0, x1.x, x1.y);
+    mma16816(c, a1, x1.z, x1.w);
   }
   red[warp][g][2 * t] = c[0];
   red[warp][g][2 * t + 1] = c[1];

@@ -45,6 +45,7 @@ __global__ void __launch_bounds__((TC / 4) * (D / 4)) gla_recurrent_kernel(GlaAr
   }
   // The state was last written by this layer's previous step (long finished): it is read before
   // grid_dep_wait, overlapping the previous kernel's tail when launched with PDL (g_small_pdl).
+  launch_dependents();  // the next kernel may start loading its weights (common.cuh)
   grid_dep_wait();  // q, k, v come from the kernels just before
   const float gamma = float(exp(double(a.log_decay[h])));
   __shared__ float red[2][RG][TC];
