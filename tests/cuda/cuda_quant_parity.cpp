@@ -2,7 +2,7 @@
 // the CPU packed matmul (the f32 reference) for every format at N = 1, 2, 3, 8 (decode GEMV, one
 // n-tile, every warp count), 9, 16, 17, 24, 25, 32 (2 or 4 n-tiles per decoded weight, one or two
 // row blocks per CTA), 33, 64 (several GEMV launches) and 512 (bf16 dequantization + cuBLAS), x/y
-// dtypes; the device tiling against
+// dtypes; matmul_group (grouped GEMV launch) against per-part matmul; the device tiling against
 // the host's (quant_layout.h); random packed weights; load errors; whole quantized models (CPU vs
 // GPU, packed vs dequantized, CUDA graphs on vs off).
 #include <algorithm>
@@ -103,6 +103,13 @@ const Fmt kFormats[] = {
     {"mlx8 g48", QuantFormat::MLX, 48, false, 8},
 };
 
+// The CUDA packed format of a test format (int4 zero points and symmetric: both Q4).
+WeightFormat packed_format(const Fmt& f) {
+  return f.format == QuantFormat::FP8    ? WeightFormat::FP8
+         : f.format == QuantFormat::INT8 ? WeightFormat::Q8
+                                         : WeightFormat::Q4;
+}
+
 // Random canonical packed data (big shapes: quantize_matrix's fp8 search would take seconds).
 PackedMatrix random_packed(WeightFormat f, int64_t rows, int64_t cols, int64_t group, uint64_t seed) {
   PackedMatrix p;
@@ -138,10 +145,8 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
       if (f.group && s.in % f.group) continue;
       if (s.big && (f.format == QuantFormat::MLX || (f.format == QuantFormat::INT4 && !f.zero_points))) continue;
       PackedMatrix pm;
-      if (s.big) {  // the format's packed form directly (int4 zero points and symmetric: both Q4)
-        const WeightFormat wf = f.format == QuantFormat::FP8 ? WeightFormat::FP8
-                                : f.format == QuantFormat::INT8 ? WeightFormat::Q8 : WeightFormat::Q4;
-        pm = random_packed(wf, s.out, s.in, f.group ? f.group : s.in, 31 + uint64_t(s.out));
+      if (s.big) {  // the format's packed form directly
+        pm = random_packed(packed_format(f), s.out, s.in, f.group ? f.group : s.in, 31 + uint64_t(s.out));
       } else {
         const auto w = randn(size_t(s.out * s.in), 31 + uint64_t(s.out), 1.0f / std::sqrt(float(s.in)));
         pm = pack_matrix(quantize_matrix(w.data(), s.out, s.in, f.format, f.group, f.zero_points, f.bits));
@@ -212,6 +217,94 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
         }
       }
     }
+}
+
+// The parts' outputs of one matmul_group and of one matmul per part (outputs poisoned first).
+struct GroupRun {
+  std::vector<std::vector<float>> grouped, single;
+};
+GroupRun run_group(Backend& b, const std::vector<Weight>& ws, const std::vector<float>& x, int64_t n, DType xd,
+                   DType yd) {
+  const int64_t in = ws[0].in();
+  auto xb = b.alloc(size_t(n * in) * dtype_size(xd));
+  Mat xm = xb->mat(xd, n, in);
+  b.upload(xm, x.data());
+  std::vector<std::unique_ptr<Buffer>> keep;
+  std::vector<Backend::MatmulPart> parts;
+  for (const Weight& w : ws) {
+    keep.push_back(b.alloc(size_t(n * w.out()) * dtype_size(yd)));
+    parts.push_back({&w, keep.back()->mat(yd, n, w.out())});
+    const std::vector<float> poison(size_t(n * w.out()), std::nanf(""));
+    b.upload(parts.back().y, poison.data());
+  }
+  b.matmul_group(xm, parts);
+  GroupRun r;
+  for (const auto& p : parts) {
+    r.grouped.emplace_back(size_t(p.y.rows * p.y.cols));
+    b.download(p.y, r.grouped.back().data());
+    b.matmul(xm, *p.w, p.y);
+    r.single.emplace_back(r.grouped.back().size());
+    b.download(p.y, r.single.back().data());
+  }
+  return r;
+}
+
+// matmul_group over packed parts (one grouped GEMV launch): bit for bit the per-part matmul where
+// both run the same launch shape, and the CPU within the GEMV tolerance. The small set (240 rows)
+// gets its parts' automatic shape; the large one (10240 rows) a larger matrix's (other warps per
+// CTA for N ≤ 8: another fp32 summation order), so there only fixed warp counts must agree.
+void test_matmul_group(CpuBackend& cpu, CudaBackend& gpu) {
+  const int64_t in = 256;
+  std::vector<Weight> mixed;  // a small part of each format: a set that runs part by part
+  for (const Fmt& f : {kFormats[0], kFormats[1], kFormats[2]})  // fp8, int8, int4 g64
+    for (bool big : {false, true}) {
+      const std::vector<int64_t> outs = big ? std::vector<int64_t>{4096, 1024, 1024, 4096}
+                                            : std::vector<int64_t>{96, 32, 32, 80};
+      std::vector<Weight> wc, wg;
+      for (size_t i = 0; i < outs.size(); ++i) {
+        PackedMatrix pm;
+        if (big) {
+          pm = random_packed(packed_format(f), outs[i], in, f.group ? f.group : in, 41 + i);
+        } else {
+          const auto w = randn(size_t(outs[i] * in), 41 + i, 1.0f / std::sqrt(float(in)));
+          pm = pack_matrix(quantize_matrix(w.data(), outs[i], in, f.format, f.group, f.zero_points, f.bits));
+        }
+        wc.push_back(cpu.load_quantized_weight(pm.view(), f.name));
+        wg.push_back(gpu.load_quantized_weight(pm.view(), f.name));
+      }
+      if (!big) mixed.push_back(wg[0]);
+      const double tol32 = packed_format(f) == WeightFormat::Q4 ? 5e-5 : 2e-5;
+      for (int64_t n : {1, 8, 16, 32}) {
+        const auto x = randn(size_t(n * in), 5 + uint64_t(n));
+        std::vector<std::vector<float>> ref;
+        for (const Weight& w : wc) ref.push_back(run_matmul(cpu, w, x, n, DType::F32, DType::F32));
+        double worst32 = 0, worst16 = 0;
+        std::string differs;
+        const std::pair<DType, DType> dts[] = {
+            {DType::BF16, DType::F32}, {DType::BF16, DType::BF16}, {DType::F32, DType::F32}};  // x f32: converted
+        for (const auto& [xd, yd] : dts)
+          for (int mode : {0, 2, 3}) {  // automatic, 4 and 16 warps per CTA
+            gpu.set_gemv_mode(mode);
+            const GroupRun r = run_group(gpu, wg, x, n, xd, yd);
+            gpu.set_gemv_mode(0);
+            for (size_t i = 0; i < wg.size(); ++i) {
+              double& worst = yd == DType::F32 ? worst32 : worst16;
+              worst = std::max(worst, rel_err(r.grouped[i], ref[i]));
+              if (r.grouped[i] != r.single[i] && (!big || mode != 0 || n > 8))
+                differs += strf(" x:%s y:%s mode %d part %zu;", std::string(dtype_name(xd)).c_str(),
+                                std::string(dtype_name(yd)).c_str(), mode, i);
+            }
+          }
+        check(worst32 < tol32 && worst16 < 1e-2 && differs.empty(),
+              strf("packed matmul_group %s N=%lld rows %s", f.name, (long long)n,
+                   big ? "4096,1024,1024,4096" : "96,32,32,80"),
+              strf("rel f32 %.2e bf16 %.2e; %s", worst32, worst16,
+                   differs.empty() ? "equal to per-part matmul" : ("DIFFERS from per-part matmul:" + differs).c_str()));
+      }
+    }
+  const GroupRun r = run_group(gpu, mixed, randn(size_t(8 * in), 77), 8, DType::BF16, DType::F32);
+  check(r.grouped == r.single, "packed matmul_group fp8 + int8 + int4 (part by part)",
+        r.grouped == r.single ? "equal to per-part matmul" : "DIFFERS from per-part matmul");
 }
 
 void test_random_and_errors(CpuBackend& cpu, CudaBackend& gpu) {
@@ -353,6 +446,7 @@ void test_quant_parity(int& pass, int& fail) {
     CpuBackend cpu(0);
     CudaBackend gpu(0);
     test_matmuls(cpu, gpu);
+    test_matmul_group(cpu, gpu);
     test_random_and_errors(cpu, gpu);
     test_models();
   } catch (const std::exception& e) {

@@ -817,28 +817,36 @@ void CudaBackend::matmul(const Mat& x, const Weight& w, Mat y) {
   gemm_cublas(x, w, y);
 }
 
-// Decode: one grouped GEMV launch for all parts (see kernels.h). Anything the grouped kernel does
-// not cover (more rows, other weight formats, mixed output dtypes) runs part by part.
+// Decode: one grouped GEMV launch for all parts (see kernels.h). Anything the grouped kernels do
+// not cover (more rows, mixed weight formats, mixed output dtypes) runs part by part.
 void CudaBackend::matmul_group(const Mat& x, std::span<const MatmulPart> parts) {
-  bool grouped = use_gemv_ && x.rows >= 1 && x.rows <= 8 && !parts.empty() && parts.size() <= size_t(cuda::kGemvMaxParts);
-  const int mode = batch_invariant_ ? 2 : gemv_mode_;  // the kernel matmul uses for these rows
+  bool fits = use_gemv_ && x.rows >= 1 && !parts.empty() && parts.size() <= size_t(cuda::kGemvMaxParts);
+  bool dense = true, packed = true;
   for (const MatmulPart& p : parts) {
     SALA_CHECK(x.cols == p.w->in() && p.y.cols == p.w->out() && x.rows == p.y.rows,
                "cuda matmul_group: x [{}, {}] · Wᵀ [{}, {}] -> y [{}, {}]", x.rows, x.cols, p.w->out(), p.w->in(),
                p.y.rows, p.y.cols);
-    grouped = grouped && !p.w->packed() && p.w->w.dtype == DType::BF16 && p.y.dtype == parts[0].y.dtype;
+    fits = fits && p.y.dtype == parts[0].y.dtype;
+    dense = dense && !p.w->packed() && p.w->w.dtype == DType::BF16;
+    packed = packed && p.w->packed() && p.w->format == parts[0].w->format && p.w->group == parts[0].w->group;
   }
-  if (!grouped) {
-    for (const MatmulPart& p : parts) matmul(x, *p.w, p.y);
+  if (fits && dense && x.rows <= 8) {
+    cuda::GemvSet set{};
+    set.count = int(parts.size());
+    for (size_t i = 0; i < parts.size(); ++i)
+      set.part[i] = {parts[i].w->w.data, parts[i].y.data, parts[i].w->out(), parts[i].y.cols};
+    const int mode = batch_invariant_ ? 2 : gemv_mode_;  // the kernel matmul uses for these rows
+    cuda::launch_gemv_set(x.data, dt_of(x.dtype, "matmul_group"), x.cols, set, x.cols,
+                          dt_of(parts[0].y.dtype, "matmul_group"), int(x.rows), mode, pdl_ && props_.major >= 9,
+                          stream_);
     return;
   }
-  cuda::GemvSet set{};
-  set.count = int(parts.size());
-  for (size_t i = 0; i < parts.size(); ++i)
-    set.part[i] = {parts[i].w->w.data, parts[i].y.data, parts[i].w->out(), parts[i].y.cols};
-  cuda::launch_gemv_set(x.data, dt_of(x.dtype, "matmul_group"), x.cols, set, x.cols,
-                        dt_of(parts[0].y.dtype, "matmul_group"), int(x.rows), mode, pdl_ && props_.major >= 9,
-                        stream_);
+  // Packed: the rows matmul_packed multiplies in one GEMV launch (y bf16 or f32). Batch-invariant
+  // backends keep their per-part launches of ≤ 8 rows.
+  if (fits && packed && x.rows <= 32 && !batch_invariant_ &&
+      (parts[0].y.dtype == DType::BF16 || parts[0].y.dtype == DType::F32))
+    return matmul_group_packed(x, parts);  // cuda_quant.cpp
+  for (const MatmulPart& p : parts) matmul(x, *p.w, p.y);
 }
 
 void CudaBackend::gemm_cublas(const Mat& x, const Weight& w, Mat y) {

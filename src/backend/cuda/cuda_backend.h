@@ -152,6 +152,9 @@ class CudaBackend final : public Backend {
  private:
   void gemm_cublas(const Mat& x, const Weight& w, Mat y);
   void matmul_packed(const Mat& x, const Weight& w, Mat y);  // cuda_quant.cpp
+  void matmul_group_packed(const Mat& x, std::span<const MatmulPart> parts);  // cuda_quant.cpp
+  const void* packed_input(const Mat& x);  // x as 8-byte aligned bf16 rows
+  int qgemv_warps() const;
   Weight alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group);
   const float* inv_freq(double theta, int head_dim);
   void clear_graphs();

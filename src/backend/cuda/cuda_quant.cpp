@@ -1,6 +1,7 @@
 // CUDA backend: packed weights (docs/quantization.md). Loading uploads the canonical codes and
 // tiles them on the device (quant_layout.h), random packed weights are generated on the device,
-// and matmul runs the packed decode GEMV for N ≤ 64 (q8/fp8) / 128 (q4) (quant_gemv.cu) and,
+// and matmul runs the packed decode GEMV for N ≤ 64 (q8/fp8) / 128 (q4) (quant_gemv.cu; matmul_group:
+// one grouped launch for N ≤ 32) and,
 // above, dequantizes row blocks into a fixed bf16 scratch that cuBLAS multiplies (prefill is
 // compute bound: the extra pass costs ~2.6 bytes per weight against 2·N FLOPs per weight of
 // tensor-core work).
@@ -95,21 +96,27 @@ Weight CudaBackend::random_quantized_weight(WeightFormat format, int64_t rows, i
   return w;
 }
 
+const void* CudaBackend::packed_input(const Mat& x) {
+  SALA_CHECK(x.dtype == DType::BF16 || x.dtype == DType::F32 || x.dtype == DType::F16,
+             "cuda matmul: input dtype {} unsupported", dtype_name(x.dtype));
+  if (x.dtype == DType::BF16 && (reinterpret_cast<uintptr_t>(x.data) & 7) == 0) return x.data;
+  // The kernels read bf16 rows with 8-byte loads: other inputs go through one bf16 copy.
+  void* tmp = x_bf16_.reserve(size_t(x.rows * x.cols) * 2);
+  const cuda::Dt dt = x.dtype == DType::F32 ? cuda::kF32 : x.dtype == DType::F16 ? cuda::kF16 : cuda::kBF16;
+  cuda::launch_convert(x.data, dt, tmp, cuda::kBF16, x.rows * x.cols, stream_);
+  return tmp;
+}
+
+// Warps per CTA of the decode GEMV: gemv_mode_ 2/3 pick 4/16 as for the bf16 GEMV; batch-invariant
+// backends one fixed shape (8); otherwise automatic (0).
+int CudaBackend::qgemv_warps() const { return batch_invariant_ ? 8 : gemv_mode_ == 2 ? 4 : gemv_mode_ == 3 ? 16 : 0; }
+
 void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   SALA_CHECK(y.dtype == DType::BF16 || y.dtype == DType::F32, "cuda matmul: output dtype {} unsupported",
              dtype_name(y.dtype));
-  SALA_CHECK(x.dtype == DType::BF16 || x.dtype == DType::F32 || x.dtype == DType::F16,
-             "cuda matmul: input dtype {} unsupported", dtype_name(x.dtype));
   const cuda::QWeight q = qweight(w);
   const int64_t N = x.rows, in = w.in(), out = w.out();
-  const void* xb = x.data;
-  if (x.dtype != DType::BF16 || (reinterpret_cast<uintptr_t>(x.data) & 7) != 0) {
-    // The kernels read bf16 rows with 8-byte loads: other inputs go through one bf16 copy.
-    void* tmp = x_bf16_.reserve(size_t(N * in) * 2);
-    const cuda::Dt dt = x.dtype == DType::F32 ? cuda::kF32 : x.dtype == DType::F16 ? cuda::kF16 : cuda::kBF16;
-    cuda::launch_convert(x.data, dt, tmp, cuda::kBF16, N * in, stream_);
-    xb = tmp;
-  }
+  const void* xb = packed_input(x);
   const cuda::Dt ydt = y.dtype == DType::BF16 ? cuda::kBF16 : cuda::kF32;
   const size_t ysize = dtype_size(y.dtype);
   // Decode GEMV, up to 32 rows per launch (each decoded weight feeds 4 n-tiles of 8). Beyond, more
@@ -121,12 +128,11 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   const int64_t launches = (N + rows_per_launch - 1) / rows_per_launch;
   const double code_bytes = w.format == WeightFormat::Q4 ? 0.5 : 1.0;
   if (use_gemv_ && (batch_invariant_ ? N <= 64 : double(launches) * code_bytes <= 2.0)) {
-    // gemv_mode_ 2/3 pick 4/16 warps per CTA as for the bf16 GEMV; otherwise automatic.
-    const int warps = batch_invariant_ ? 8 : gemv_mode_ == 2 ? 4 : gemv_mode_ == 3 ? 16 : 0;
     for (int64_t n0 = 0; n0 < N; n0 += rows_per_launch)
       cuda::launch_qgemv(q, static_cast<const uint8_t*>(xb) + size_t(n0 * in) * 2, in,
                          static_cast<uint8_t*>(y.data) + size_t(n0 * y.cols) * ysize, ydt, y.cols,
-                         int(std::min<int64_t>(rows_per_launch, N - n0)), warps, pdl_ && props_.major >= 9, stream_);
+                         int(std::min<int64_t>(rows_per_launch, N - n0)), qgemv_warps(), pdl_ && props_.major >= 9,
+                         stream_);
     return;
   }
   // Larger N: row blocks dequantized to bf16 [rows, in] in the fixed scratch, then cuBLAS writes
@@ -142,6 +148,17 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
                                    y.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F, int(y.cols), CUBLAS_COMPUTE_32F,
                                    CUBLAS_GEMM_DEFAULT));
   }
+}
+
+// The parts' weights share format, in and group, their outputs one dtype (bf16 or f32); N ≤ 32, not
+// batch-invariant. The GEMV matmul_packed launches per part, in one grid (the automatic launch shape
+// from all the parts' rows).
+void CudaBackend::matmul_group_packed(const Mat& x, std::span<const MatmulPart> parts) {
+  cuda::QGemvSet set{};
+  set.count = int(parts.size());
+  for (size_t i = 0; i < parts.size(); ++i) set.part[i] = {qweight(*parts[i].w), parts[i].y.data, parts[i].y.cols};
+  cuda::launch_qgemv_set(set, packed_input(x), x.cols, parts[0].y.dtype == DType::BF16 ? cuda::kBF16 : cuda::kF32,
+                         int(x.rows), qgemv_warps(), pdl_ && props_.major >= 9, stream_);
 }
 
 }  // namespace sala

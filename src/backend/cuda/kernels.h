@@ -133,6 +133,22 @@ struct QWeight {
 // (ldx % 4 == 0); y bf16 or f32. warps per CTA: 4, 8 or 16 (0: automatic). pdl as launch_gemv.
 void launch_qgemv(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps,
                   bool pdl, cudaStream_t st);
+// Grouped packed GEMV (as GemvSet): weights with the same format, in and group applied to the same
+// x in one launch (q/k/v/z, gate/up: ~11 µs per 4096×4096 fp8 launch alone, latency bound). Each
+// CTA computes its part's row block as a launch of that part alone with the same warps per CTA
+// would (bit for bit); the automatic launch shape is that of one matrix of all the parts' rows.
+struct QGemvPart {
+  QWeight w;
+  void* y;  // [N, ldy]
+  int64_t ldy;
+};
+struct QGemvSet {
+  QGemvPart part[kGemvMaxParts];
+  unsigned first[kGemvMaxParts + 1];  // first CTA of each part (filled by the launcher)
+  int count;
+};
+void launch_qgemv_set(const QGemvSet& set, const void* x, int64_t ldx, Dt dty, int N, int warps, bool pdl,
+                      cudaStream_t st);
 // Rows [row0, row0 + rows) of W (row0 % 16 == 0) as bf16 row-major [rows, in] (prefill: cuBLAS
 // multiplies them).
 void launch_qdequant(const QWeight& w, int64_t row0, int64_t rows, void* dst, cudaStream_t st);

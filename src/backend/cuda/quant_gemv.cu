@@ -28,6 +28,9 @@
 // 4 x loads, 28 lop3/shift, 8 mma, 10 FMA ≈ 55, against ~31 clk × 4 schedulers per SM at full
 // bandwidth; the integer pipe (half rate) runs ~45% busy. Q8: ~40 decode ops per tile (PRMT,
 // FADD) against ~25 clk; FP8 ~32.
+// Grouped launch (QGemvSet: q/k/v/z, gate/up): the parts' CTAs one after another in one grid; a
+// CTA finds its part and computes its row blocks as a launch of that part alone would (same shape:
+// bit for bit). The automatic shape is that of one matrix of all the parts' rows.
 // The launch lets the next PDL kernel start (griddepcontrol.launch_dependents) once every CTA is
 // resident: its weights then stream in while this grid's last CTAs drain.
 #include "core/rng.h"
@@ -119,6 +122,28 @@ __device__ __forceinline__ void decode_a(const uint4& c, int j, uint32_t a[4]) {
   }
 }
 
+// The part of a grouped launch that CTA b works on (parts are laid out one after another) and the
+// first of b's R row blocks in it.
+struct PartBlock {
+  int part, rb0;
+};
+template <int R>
+__device__ __forceinline__ PartBlock find_part(const QGemvSet& s, unsigned b) {
+  // first[] ascends: p counts the parts that start at or before b. Branch-free (a search loop costs
+  // the 64-register launch shapes a spill).
+  int p = 0;
+#pragma unroll
+  for (int i = 1; i < kGemvMaxParts; ++i) p += i < s.count && b >= s.first[i];
+  return {p, int(b - s.first[p]) * R};
+}
+// The CTA index read anew (volatile: not merged with earlier reads), so that a lookup from it is
+// redone instead of kept in registers.
+__device__ __forceinline__ unsigned cta_index_again() {
+  unsigned b;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(b));
+  return b;
+}
+
 // d = a·b + c (c may be a literal zero: the compiler then feeds RZ).
 __device__ __forceinline__ void mma_acc(float d[4], const uint32_t a[4], uint2 b) { mma16816(d, a, b.x, b.y); }
 
@@ -131,15 +156,17 @@ __device__ __forceinline__ void mma_acc(float d[4], const uint32_t a[4], uint2 b
 // TG: every tile lies inside one group (group % tile_k == 0), known at compile time: the sub-tile
 // group path is compiled out.
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false>
-__global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QWeight w, const bf16* __restrict__ x, int ldx,
-                                                        void* __restrict__ yv, int ldy, int N, int y_f32,
-                                                        int trigger) {
+__global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const bf16* __restrict__ x, int ldx,
+                                                        int N, int y_f32, int trigger) {
   constexpr int KT = tile_k(FMT), MT = KT / 16;
   constexpr bool kBias = FMT != kFP8;
   __shared__ float red[W][R * 16][NT * 8];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int in = int(w.in), G = int(w.group), ktiles = (in + KT - 1) / KT, groups = in / G;
-  const int rbs = int((w.out + 15) / 16), rb0 = int(blockIdx.x) * R;
+  const PartBlock pb = find_part<R>(set, blockIdx.x);
+  const QWeight& w = set.part[pb.part].w;
+  // in and group are the same for every part: read from part 0 (constant-bank operands).
+  const int in = int(set.part[0].w.in), G = int(set.part[0].w.group), ktiles = (in + KT - 1) / KT, groups = in / G;
+  const int rbs = int((w.out + 15) / 16), rb0 = pb.rb0;
   const uint4* codes[R];
   const float4* params[R];
 #pragma unroll
@@ -292,17 +319,21 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QWeight w, const bf
       red[warp][r * 16 + g + 8][nt * 8 + 2 * t + 1] = cf[r][nt][3];
     }
   __syncthreads();
+  // The part looked up again: nothing of the first lookup stays live through the main loop (the
+  // 64-register launch shapes would spill).
+  const PartBlock pe = find_part<R>(set, cta_index_again());
+  const QGemvPart& part = set.part[pe.part];
   for (int i = threadIdx.x; i < R * 16 * NT * 8; i += W * 32) {
     const int row = i / (NT * 8), n = i % (NT * 8);
-    const int64_t o = int64_t(rb0) * 16 + row;
-    if (n < N && o < w.out) {
+    const int64_t o = int64_t(pe.rb0) * 16 + row;
+    if (n < N && o < part.w.out) {
       float v = 0.f;
 #pragma unroll
       for (int wi = 0; wi < W; ++wi) v += red[wi][row][n];
       if (y_f32)
-        static_cast<float*>(yv)[size_t(n) * ldy + o] = v;
+        static_cast<float*>(part.y)[size_t(n) * part.ldy + o] = v;
       else
-        static_cast<bf16*>(yv)[size_t(n) * ldy + o] = __float2bfloat16_rn(v);
+        static_cast<bf16*>(part.y)[size_t(n) * part.ldy + o] = __float2bfloat16_rn(v);
     }
   }
 }
@@ -414,38 +445,54 @@ __global__ void qrandom_params_kernel(QWeight w, float* params, float scale, flo
 }
 
 
+// One launch's arguments; the launch shape is picked by the templates below.
+struct QArgs {
+  QGemvSet set;
+  int64_t rows;  // of all parts: the automatic launch shape treats the set as one matrix
+  const void* x;
+  int64_t ldx;
+  Dt dty;
+  int N;
+  bool pdl;
+  cudaStream_t st;
+};
+
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false>
-void qgemv_cfg(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, bool pdl,
-               cudaStream_t st) {
-  const unsigned blocks = unsigned(((w.out + 15) / 16 + R - 1) / R);
-  launch_pdl(pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG>, dim3(blocks), dim3(W * 32), 0, st, w, static_cast<const bf16*>(x), int(ldx), y,
-             int(ldy), N, int(dty == kF32), int(g_trigger && pdl));
+void qgemv_cfg(const QArgs& a) {
+  QGemvSet set = a.set;
+  unsigned blocks = 0;  // each part's CTAs after the previous part's
+  for (int i = 0; i < set.count; ++i) {
+    set.first[i] = blocks;
+    blocks += unsigned(((set.part[i].w.out + 15) / 16 + R - 1) / R);
+  }
+  set.first[set.count] = blocks;
+  launch_pdl(a.pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG>, dim3(blocks), dim3(W * 32), 0, a.st, set,
+             static_cast<const bf16*>(a.x), int(a.ldx), a.N, int(a.dty == kF32), int(g_trigger && a.pdl));
 }
 
 // N ≤ 8: one n-tile, one row block per CTA; the launch shape by format and size.
 template <int FMT, bool PR, bool TG>
-void qgemv_small(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps,
-                 bool pdl, cudaStream_t st) {
+void qgemv_small(const QArgs& a, int warps) {
   switch (g_small_variant) {  // benchmarks: launch shapes (tiles per stage U, warps W, min CTAs per SM)
-    case 1: return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 2: return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 3: return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 4: return qgemv_cfg<FMT, 1, 1, 2, 8, 4, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 5: return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 6: return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 7: return qgemv_cfg<FMT, 1, 1, 1, 8, 6, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 8: return qgemv_cfg<FMT, 1, 1, 2, 16, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 9: return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, true, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 10: return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, true, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 11: return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, true, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 12: return qgemv_cfg<FMT, 1, 1, 2, 8, 4, PR, true, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 13: return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, true, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 1: return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(a);
+    case 2: return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG>(a);
+    case 3: return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, false, TG>(a);
+    case 4: return qgemv_cfg<FMT, 1, 1, 2, 8, 4, PR, false, TG>(a);
+    case 5: return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(a);
+    case 6: return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG>(a);
+    case 7: return qgemv_cfg<FMT, 1, 1, 1, 8, 6, PR, false, TG>(a);
+    case 8: return qgemv_cfg<FMT, 1, 1, 2, 16, 1, PR, false, TG>(a);
+    case 9: return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, true, TG>(a);
+    case 10: return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, true, TG>(a);
+    case 11: return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, true, TG>(a);
+    case 12: return qgemv_cfg<FMT, 1, 1, 2, 8, 4, PR, true, TG>(a);
+    case 13: return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, true, TG>(a);
     default: break;
   }
   switch (warps) {  // fixed warp counts (tests, benchmarks)
-    case 16: return qgemv_cfg<FMT, 1, 1, 4, 16, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 8: return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    case 4: return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    case 16: return qgemv_cfg<FMT, 1, 1, 4, 16, 1, PR, false, TG>(a);
+    case 8: return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(a);
+    case 4: return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(a);
     default: break;
   }
   // Automatic, from the launch-shape sweeps (H200, 2026-11-25, bench/results/2026-11-25-h200-qgemv-sweep.md).
@@ -455,43 +502,43 @@ void qgemv_small(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, 
   // 23.1 µs). Grouped formats (Q4, MLX Q8) spill at 64 registers: 8 warps of 4 tiles per stage.
   // The lm_head (73448 rows): 4 warps of 4 tiles.
   if constexpr (PR && (FMT == kFP8 || FMT == kQ8)) {
-    if (w.out <= 8192) {
-      if constexpr (FMT == kFP8) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-      return qgemv_cfg<FMT, 1, 1, 2, 16, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    if (a.rows <= 8192) {
+      if constexpr (FMT == kFP8) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG>(a);
+      return qgemv_cfg<FMT, 1, 1, 2, 16, 1, PR, false, TG>(a);
     }
-    if (w.out <= 32768) {
-      if (FMT == kFP8 && N == 1) return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-      return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    if (a.rows <= 32768) {
+      if (FMT == kFP8 && a.N == 1) return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, false, TG>(a);
+      return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG>(a);
     }
-    return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(a);
   }
   // Q4 in tile groups (group 64 or 128): late group parameters fit 64 registers (16 bytes of
   // spills), third sweep: 16384×4096 22.3 → 19.8 µs, 4096×16384 22.1 → 18.8, lm_head 91.4 → 72.4.
   if constexpr (FMT == kQ4 && TG) {
-    if (w.out <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, true, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, true, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+    if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, true, TG>(a);
+    return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, true, TG>(a);
   }
-  if (w.out > 16384) return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
-  return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(w, x, ldx, y, dty, ldy, N, pdl, st);
+  if (a.rows > 16384) return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(a);
+  return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(a);
 }
 
 template <int FMT>
-void qgemv_f(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps, bool pdl,
-             cudaStream_t st) {
-  if (N <= 8) {
-    if (w.group == w.in) return qgemv_small<FMT, true, false>(w, x, ldx, y, dty, ldy, N, warps, pdl, st);
-    if (w.group % tile_k(FMT) == 0) return qgemv_small<FMT, false, true>(w, x, ldx, y, dty, ldy, N, warps, pdl, st);
-    return qgemv_small<FMT, false, false>(w, x, ldx, y, dty, ldy, N, warps, pdl, st);
+void qgemv_f(const QArgs& a, int warps) {
+  if (a.N <= 8) {
+    const QWeight& w = a.set.part[0].w;  // format, in and group: the same for every part
+    if (w.group == w.in) return qgemv_small<FMT, true, false>(a, warps);
+    if (w.group % tile_k(FMT) == 0) return qgemv_small<FMT, false, true>(a, warps);
+    return qgemv_small<FMT, false, false>(a, warps);
   }
   // N > 8: one decode of each A fragment feeds 2 or 4 n-tiles. Two row blocks per CTA share the
   // x fragments (x bytes per code byte: 2·N / (16·R) for Q4's 4 mmas per 16-byte piece).
-  const bool two = g_nt_variant == 2 || (g_nt_variant == 0 && (w.out + 15) / 16 >= 1024);
-  if (N <= 16) {
-    if (two) return qgemv_cfg<FMT, 2, 2, 2, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
-    return qgemv_cfg<FMT, 2, 1, 4, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
+  const bool two = g_nt_variant == 2 || (g_nt_variant == 0 && (a.rows + 15) / 16 >= 1024);
+  if (a.N <= 16) {
+    if (two) return qgemv_cfg<FMT, 2, 2, 2, 8>(a);
+    return qgemv_cfg<FMT, 2, 1, 4, 8>(a);
   }
-  if (two) return qgemv_cfg<FMT, 4, 2, 1, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
-  return qgemv_cfg<FMT, 4, 1, 2, 8>(w, x, ldx, y, dty, ldy, N, pdl, st);
+  if (two) return qgemv_cfg<FMT, 4, 2, 1, 8>(a);
+  return qgemv_cfg<FMT, 4, 1, 2, 8>(a);
 }
 
 bool al8(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 7) == 0; }
@@ -505,23 +552,41 @@ void set_qgemv_tuning(int nt_variant, bool trigger) {
 
 void set_qgemv_small_variant(int v) { g_small_variant = v; }
 
-void launch_qgemv(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps,
-                  bool pdl, cudaStream_t st) {
-  if (N <= 0 || w.out <= 0) return;
+void launch_qgemv_set(const QGemvSet& set, const void* x, int64_t ldx, Dt dty, int N, int warps, bool pdl,
+                      cudaStream_t st) {
+  SALA_CUDA_REQUIRE(set.count >= 1 && set.count <= kGemvMaxParts, "qgemv: 1 to 4 parts");
+  const QWeight& w = set.part[0].w;
+  int64_t rows = 0;
+  for (int i = 0; i < set.count; ++i) {
+    const QGemvPart& p = set.part[i];
+    SALA_CUDA_REQUIRE(p.w.fmt == w.fmt && p.w.in == w.in && p.w.group == w.group,
+                      "qgemv: the parts of a grouped launch must share format, input size and group size");
+    SALA_CUDA_REQUIRE(p.ldy < (int64_t(1) << 31), "qgemv: dimensions too large");
+    rows += p.w.out;
+  }
+  if (N <= 0 || rows <= 0) return;
   SALA_CUDA_REQUIRE(N <= 32, "qgemv: at most 32 rows");
   SALA_CUDA_REQUIRE(dty == kBF16 || dty == kF32, "qgemv: y must be bf16 or f32");
   SALA_CUDA_REQUIRE(al8(x) && ldx % 4 == 0 && w.in % 4 == 0, "qgemv: x rows must be 8-byte aligned");
   SALA_CUDA_REQUIRE(w.group == w.in || w.group % 16 == 0, "qgemv: group size must be a multiple of 16");
-  SALA_CUDA_REQUIRE(w.in < (int64_t(1) << 30) && ldx < (int64_t(1) << 31) && ldy < (int64_t(1) << 31),
-                    "qgemv: dimensions too large");
+  SALA_CUDA_REQUIRE(w.in < (int64_t(1) << 30) && ldx < (int64_t(1) << 31), "qgemv: dimensions too large");
   if (warps != 4 && warps != 8 && warps != 16) warps = 0;  // automatic launch shape (qgemv_f)
+  const QArgs a{set, rows, x, ldx, dty, N, pdl, st};
   switch (w.fmt) {
-    case kFP8: qgemv_f<kFP8>(w, x, ldx, y, dty, ldy, N, warps, pdl, st); break;
-    case kQ8: qgemv_f<kQ8>(w, x, ldx, y, dty, ldy, N, warps, pdl, st); break;
-    case kQ4: qgemv_f<kQ4>(w, x, ldx, y, dty, ldy, N, warps, pdl, st); break;
+    case kFP8: qgemv_f<kFP8>(a, warps); break;
+    case kQ8: qgemv_f<kQ8>(a, warps); break;
+    case kQ4: qgemv_f<kQ4>(a, warps); break;
     default: SALA_CUDA_REQUIRE(false, "qgemv: unknown packed format");
   }
   SALA_CUDA_LAUNCH("qgemv kernel");
+}
+
+void launch_qgemv(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps,
+                  bool pdl, cudaStream_t st) {
+  QGemvSet set{};
+  set.part[0] = {w, y, ldy};
+  set.count = 1;
+  launch_qgemv_set(set, x, ldx, dty, N, warps, pdl, st);
 }
 
 void launch_qdequant(const QWeight& w, int64_t row0, int64_t rows, void* dst, cudaStream_t st) {
