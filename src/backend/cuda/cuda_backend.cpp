@@ -601,6 +601,11 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
   n_jobs_ = int(jobs.size());
   n_sel_ = int(sel_items.size());
   sel_splits_ = choose_select_splits(sel_items);
+  // Token groups of ≥ 2 tokens on average (prefill chunks): the warp-per-token scoring kernel. Not
+  // in the batch-invariant mode (a token's scores must not depend on whether it shares a CTA), nor
+  // with the selection shape forced (set_select_splits: tests of the fused and split kernels).
+  sel_prefill_ = select_splits_knob_ < 1 && !batch_invariant_ && sel_splits_ == 1 &&
+                 int64_t(sel_items.size()) >= 2 * int64_t(sel_groups.size() - 1);
   n_items_ = int(items.size());
   n_combine_ = int(combine.size());
   sel_items_host_ = std::move(sel_items);
@@ -646,7 +651,7 @@ constexpr size_t kMaxGraphKeys = 1024;  // keys remembered (seen once / failed) 
 uint64_t CudaBackend::launch_signature() const {
   Fnv f;
   for (int64_t v : {n_tokens_, int64_t(n_seqs_), int64_t(n_rec_), int64_t(n_chunked_), int64_t(n_jobs_),
-                    int64_t(n_sel_), int64_t(n_sel_groups_), int64_t(sel_splits_), int64_t(n_items_), int64_t(n_combine_), int64_t(n_dense_items_),
+                    int64_t(n_sel_), int64_t(n_sel_groups_), int64_t(sel_splits_), int64_t(sel_prefill_), int64_t(n_items_), int64_t(n_combine_), int64_t(n_dense_items_),
                     int64_t(max_blocks_), int64_t(rows_covered_), int64_t(use_gemv_), int64_t(gemv_mode_),
                     int64_t(pdl_), int64_t(gla_fma_), sparse_shared_max_blocks_})
     f(uint64_t(v));
@@ -1087,6 +1092,7 @@ void CudaBackend::sparse_attention(int layer, const Mat& q, const Mat& k, const 
   a.kmax = spec_.topk + spec_.local_blocks;
   a.sel_groups = d_sel_groups_, a.n_sel_groups = n_sel_groups_;
   a.sel_splits = sel_splits_;
+  a.sel_prefill = sel_prefill_;
   a.sel_ml = static_cast<float*>(sel_ml_.data());
   a.chunk_scores = static_cast<float*>(scores_.data());
   a.block_keys = static_cast<uint32_t*>(keys_.data());

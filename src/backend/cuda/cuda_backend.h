@@ -212,6 +212,7 @@ class CudaBackend final : public Backend {
   int n_dense_items_ = 0;
   int32_t max_blocks_ = 0;
   int n_seqs_ = 0, n_rec_ = 0, n_chunked_ = 0, n_jobs_ = 0, n_sel_ = 0, n_sel_groups_ = 0, sel_splits_ = 1, n_items_ = 0, n_combine_ = 0;
+  bool sel_prefill_ = false;  // the selection scores token groups with select_prefill_kernel (select.cu)
   bool rows_covered_ = false;
 
   // Scratch.

@@ -214,6 +214,7 @@ struct SparseArgs {
   const int32_t* sel_groups;  // fused path: first item of each token group, then n_sel_items
   int32_t n_sel_groups;
   int32_t sel_splits;       // CTAs per (item, KV head) scoring the keys: 1 = one fused kernel
+  int32_t sel_prefill;      // token groups (prefill): the warp-per-token kernel instead of the fused one
   float* sel_ml;            // split scratch: [item][kv head][split][G] (max, sum) of K2 pass
   float* chunk_scores;      // scratch (SelItem::cs_off)
   uint32_t* block_keys;     // scratch (SelItem::key_off)

@@ -502,10 +502,9 @@ void qgemv_small(const QArgs& a, int warps) {
   // 23.1 µs). Grouped formats (Q4, MLX Q8) spill at 64 registers: 8 warps of 4 tiles per stage.
   // The lm_head (73448 rows): 4 warps of 4 tiles.
   if constexpr (PR && (FMT == kFP8 || FMT == kQ8)) {
-    if (a.rows <= 8192) {
-      if constexpr (FMT == kFP8) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG>(a);
-      return qgemv_cfg<FMT, 1, 1, 2, 16, 1, PR, false, TG>(a);
-    }
+    // Q8 took v8 (one CTA per SM) until the grouped launch: v8 then measured 11.5 / 36.2 µs
+    // (4096² / 4096×16384) against v6's 8.3 / 24.7 (sweep of commit e29901f, H200).
+    if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG>(a);
     if (a.rows <= 32768) {
       if (FMT == kFP8 && a.N == 1) return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, false, TG>(a);
       return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG>(a);

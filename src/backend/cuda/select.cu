@@ -114,6 +114,61 @@ __device__ __forceinline__ void token_scores(float (&sc)[4][4], const TokenGroup
   qk_tile<D>(sc, qf, tile, lane);
 }
 
+// One key tile of a token's LSE pass: folds the scores of rows gq, gq + 8 (columns < nv) into the
+// running per-row (m, l) in the log2 domain (the same on the 4 lanes of a row).
+__device__ __forceinline__ void lse_update(float (&sc)[4][4], int nv, float sl2, int t4, float (&m)[2], float (&l)[2]) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * nt + 2 * t4 + e;
+        const float x = col < nv ? sc[nt][2 * hr + e] * sl2 : -INFINITY;
+        sc[nt][2 * hr + e] = x;
+        mx = fmaxf(mx, x);
+      }
+    mx = quad_max(mx);
+    const float mn = fmaxf(m[hr], mx);
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) sum += exp2f(sc[nt][2 * hr + e] - mn);
+    l[hr] = l[hr] * exp2f(m[hr] - mn) + quad_sum(sum);
+    m[hr] = mn;
+  }
+}
+
+// One key tile of a token's column pass: cs[col] (col < nv) = Σ over the nrows q rows of
+// exp2(s·sl2 − Λ_row) (written for hb = 0, added for later row blocks; +∞ without visible K2).
+__device__ __forceinline__ void colsum_store(const float (&sc)[4][4], const float (&lam)[2], bool vis, float* cs, int nv,
+                                             int hb, int nrows, float sl2, int lane) {
+  const int gq = lane / 4, t4 = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float colsum = 0.f;
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int row = gq + 8 * hr;
+        if (row < nrows) colsum += vis ? exp2f(sc[nt][2 * hr + e] * sl2 - lam[hr]) : INFINITY;
+      }
+      colsum += __shfl_xor_sync(0xffffffffu, colsum, 4);
+      colsum += __shfl_xor_sync(0xffffffffu, colsum, 8);
+      colsum += __shfl_xor_sync(0xffffffffu, colsum, 16);
+      const int col = 8 * nt + 2 * t4 + e;
+      if (gq == 0 && col < nv) {
+        if (hb == 0)
+          cs[col] = colsum;
+        else
+          cs[col] += colsum;
+      }
+    }
+}
+
 // Pass 1 over K2 tiles [t0, t1) (rows < n2, the group's largest vis2): per token, per-lane (max,
 // sum) in the log2 domain of rows gq and gq + 8 over its visible K2 chunks.
 template <int D>
@@ -137,28 +192,7 @@ __device__ __forceinline__ void lse_tiles(const SparseArgs& a, const TokenGroup<
           if (nv <= 0) continue;  // uniform over the warp
           float sc[4][4];
           token_scores<D>(sc, tg, t, tile, lane);
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int col = 8 * nt + 2 * t4 + e;
-                const float x = col < nv ? sc[nt][2 * hr + e] * sl2 : -INFINITY;
-                sc[nt][2 * hr + e] = x;
-                mx = fmaxf(mx, x);
-              }
-            mx = quad_max(mx);
-            const float mn = fmaxf(m[t][hr], mx);
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) sum += exp2f(sc[nt][2 * hr + e] - mn);
-            l[t][hr] = l[t][hr] * exp2f(m[t][hr] - mn) + quad_sum(sum);
-            m[t][hr] = mn;
-          }
+          lse_update(sc, nv, sl2, t4, m[t], l[t]);
         }
       });
 }
@@ -196,7 +230,6 @@ __device__ __forceinline__ void colsum_tiles(const SparseArgs& a, const TokenGro
   const PoolGeom& g = a.pool;
   const int64_t row_w = int64_t(g.kvh) * D;
   const float sl2 = a.scale * kLog2e;
-  const int gq = lane / 4, t4 = lane % 4;
   stream_tiles<D>(
       sbase, warp, lane, t0, t1, n1, static_cast<const bf16*>(g.k1),
       [&](int c) { return chunk_row(g, a.layer, pages, c, g.st, g.k1pp) * row_w + h * D; },
@@ -209,28 +242,8 @@ __device__ __forceinline__ void colsum_tiles(const SparseArgs& a, const TokenGro
           if (nv <= 0) continue;
           float sc[4][4];
           token_scores<D>(sc, tg, t, tile, lane);
-          float* cs = a.chunk_scores + it.cs_off + int64_t(h) * it.ncol + first;
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float colsum = 0.f;
-#pragma unroll
-              for (int hr = 0; hr < 2; ++hr) {
-                const int row = gq + 8 * hr;
-                if (row < nrows) colsum += it.vis2 > 0 ? exp2f(sc[nt][2 * hr + e] * sl2 - lam[t][hr]) : INFINITY;
-              }
-              colsum += __shfl_xor_sync(0xffffffffu, colsum, 4);
-              colsum += __shfl_xor_sync(0xffffffffu, colsum, 8);
-              colsum += __shfl_xor_sync(0xffffffffu, colsum, 16);
-              const int col = 8 * nt + 2 * t4 + e;
-              if (gq == 0 && col < nv) {
-                if (hb == 0)
-                  cs[col] = colsum;
-                else
-                  cs[col] += colsum;
-              }
-            }
+          colsum_store(sc, lam[t], it.vis2 > 0, a.chunk_scores + it.cs_off + int64_t(h) * it.ncol + first, nv, hb,
+                       nrows, sl2, lane);
         }
       });
 }
@@ -402,6 +415,112 @@ __global__ void __launch_bounds__(kWarps * 32) select_fused_kernel(SparseArgs a)
   }
 }
 
+// Prefill (token groups of several tokens): one CTA per (token group, KV head), warp w scores
+// token w with its q fragments in registers. The key tiles stream once per CTA through a ring of
+// kRing shared buffers (tile i issued by warp i mod kWarps, kRing − 1 tiles ahead), so every warp
+// runs its own LSE and column sums over all tiles without a cross-warp merge, and the CTA needs
+// 8·32·D·2 bytes of shared memory (64 KB at d = 128) instead of 160 KB: two CTAs per SM. The
+// fused kernel above (tiles split over the warps, each warp scoring every token) kept one CTA per
+// SM whose 8 warps ran long serial chains per tile (ncu, H200, 128K prefill: 15% of the time).
+// The ring doubles as the block-key buffer of the top-K (≤ 16384 keys: contexts up to 1M at d = 128).
+constexpr int kRing = 8;
+template <int D>
+constexpr size_t ring_smem() {
+  return size_t(kRing) * 32 * D * 2;
+}
+
+// Streams 32-row tiles [0, ntiles) of rows 0..n-1 through the ring; consume(first row, tile) is
+// called by every warp for each tile (all threads must call this together).
+template <int D, typename RowOf, typename Consume>
+__device__ __forceinline__ void stream_tiles_cta(uint32_t ring, int warp, int lane, int n, const bf16* base, RowOf rowof,
+                                                 Consume consume) {
+  constexpr uint32_t kTile = 32 * D * 2;
+  const int ntiles = (n + 31) / 32;
+  auto issue = [&](int i) {
+    if (i < ntiles && warp == i % kWarps) {
+      const int c = 32 * i + lane;
+      issue_rows<D>(ring + (i % kRing) * kTile, lane, c < n ? rowof(c) : int64_t(-1), base);
+    }
+    cp_async_commit();  // one group per thread and step (empty when not its tile): uniform waits
+  };
+  for (int i = 0; i < kRing - 1; ++i) issue(i);
+  for (int i = 0; i < ntiles; ++i) {
+    cp_async_wait<kRing - 2>();  // this thread's pieces of tile i have landed
+    __syncthreads();             // everyone's; and tile i − 1 is consumed, its buffer free
+    issue(i + kRing - 1);
+    consume(32 * i, ring + (i % kRing) * kTile);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+}
+
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32, 2) select_prefill_kernel(SparseArgs a) {
+  extern __shared__ float4 smem4[];
+  __shared__ SelItem s_it[kGroupTokens];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, t4 = lane % 4;
+  const int kvh = a.pool.kvh;
+  const int grp = int(blockIdx.x) / kvh, h = int(blockIdx.x) % kvh;
+  const int first = a.sel_groups[grp], n = a.sel_groups[grp + 1] - first;
+  if (int(threadIdx.x) < n) s_it[threadIdx.x] = a.sel_items[first + threadIdx.x];
+  __syncthreads();
+  const PoolGeom& g = a.pool;
+  const int32_t* pages = a.pages + a.seqs[s_it[0].seq].page_off;
+  const int G = a.q_heads / kvh;
+  const int64_t row_w = int64_t(g.kvh) * D;
+  const float sl2 = a.scale * kLog2e;
+  const uint32_t ring = smem_addr(smem4);
+  const bool mine = warp < n;
+  const SelItem it = s_it[mine ? warp : 0];
+  int n1 = 0, n2 = 0;
+  for (int t = 0; t < n; ++t) n1 = max(n1, s_it[t].ncol), n2 = max(n2, s_it[t].vis2);
+
+  for (int hb = 0; hb < G; hb += 16) {
+    const int nrows = min(16, G - hb);
+    uint32_t qf[D / 16][4];
+    const int64_t qrow = int64_t(it.row) * a.ldq + int64_t(h * G + hb) * D;
+    load_q_frags<D>(qf, a.q, a.dtq, mine && gq < nrows ? qrow + int64_t(gq) * D : -1,
+                    mine && gq + 8 < nrows ? qrow + int64_t(gq + 8) * D : -1, lane);
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    stream_tiles_cta<D>(
+        ring, warp, lane, n2, static_cast<const bf16*>(g.k2),
+        [&](int c) { return chunk_row(g, a.layer, pages, c, 4 * g.st, g.k2pp) * row_w + h * D; },
+        [&](int first_row, uint32_t tile) {
+          const int nv = it.vis2 - first_row;
+          if (!mine || nv <= 0) return;  // uniform over the warp
+          float sc[4][4];
+          qk_tile<D>(sc, qf, tile, lane);
+          lse_update(sc, nv, sl2, t4, m, l);
+        });
+    float lam[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) lam[hr] = it.vis2 > 0 ? m[hr] + log2f(l[hr]) : -INFINITY;
+    float* cs = a.chunk_scores + it.cs_off + int64_t(h) * it.ncol;
+    stream_tiles_cta<D>(
+        ring, warp, lane, n1, static_cast<const bf16*>(g.k1),
+        [&](int c) { return chunk_row(g, a.layer, pages, c, g.st, g.k1pp) * row_w + h * D; },
+        [&](int first_row, uint32_t tile) {
+          const int nv = it.ncol - first_row;
+          if (!mine || nv <= 0) return;
+          float sc[4][4];
+          qk_tile<D>(sc, qf, tile, lane);
+          colsum_store(sc, lam, it.vis2 > 0, cs + first_row, nv, hb, nrows, sl2, lane);
+        });
+  }
+  // Top-K of each token in turn (the column sums written above are visible after the ring's final barrier), its block keys in the ring when they fit.
+  for (int t = 0; t < n; ++t) {
+    const SelItem& ti = s_it[t];
+    const int nb = ti.p / g.bs + 1;
+    const float* tcs = a.chunk_scores + ti.cs_off + int64_t(h) * ti.ncol;
+    uint32_t* keys = nb <= int(ring_smem<D>() / 4) ? reinterpret_cast<uint32_t*>(smem4)
+                                                   : a.block_keys + ti.key_off + int64_t(h) * nb;
+    for (int k = threadIdx.x; k < nb; k += blockDim.x) keys[k] = pooled_key(g, ti, tcs, k);
+    __syncthreads();
+    select_top(a, ti, first + t, h, keys);
+    __syncthreads();
+  }
+}
+
 // A CTA of the split path: (item, KV head) unit ih = blockIdx / S and its split; its one-token
 // group staged in shared memory after the warps' tile buffers, the page table, the q heads per KV
 // head and this warp's tile buffers.
@@ -541,6 +660,13 @@ template <int D>
 void select_d(const SparseArgs& a, cudaStream_t st) {
   constexpr size_t smem = scoring_smem<D>();
   const unsigned units = unsigned(int64_t(a.n_sel_items) * a.pool.kvh);
+  if (a.sel_prefill) {
+    static bool attr = false;
+    set_smem(select_prefill_kernel<D>, ring_smem<D>(), attr);
+    select_prefill_kernel<D><<<unsigned(int64_t(a.n_sel_groups) * a.pool.kvh), kWarps * 32, ring_smem<D>(), st>>>(a);
+    SALA_CUDA_LAUNCH("select prefill kernel");
+    return;
+  }
   if (a.sel_splits <= 1) {
     static bool attr = false;
     set_smem(select_fused_kernel<D>, smem, attr);
