@@ -6,9 +6,11 @@
 // Speed of light per (token, KV head) at context T (d = 128, G = 16):
 //   FLOPs 2·G·d·(T/64 + T/16) = 320·T on tensor cores (1M: 0.34 GFLOP per token and head);
 //   bytes (K1 + K2 rows, bf16) 256·(T/16 + T/64) = 20 MB at 1M.
-// Two launch shapes (CudaBackend::choose_select_splits):
-//   fused  one CTA of 8 warps per (token, KV head) does both passes and the top-K — prefill, where
-//          thousands of CTAs fill the GPU (each token re-reads its K1/K2 rows, mostly from L2).
+// Three launch shapes (CudaBackend::choose_select_splits, sel_prefill):
+//   prefill one CTA per (group of ≤ 8 consecutive tokens, KV head), warp w scoring token w, the
+//          key tiles read once per CTA through a shared ring (select_prefill_kernel, below).
+//   fused  one CTA of 8 warps per (token group, KV head), the warps splitting the key tiles and
+//          each scoring every token: one token per group (decode in the batch-invariant mode).
 //   split  decode (few tokens, long contexts): the K2 log-sum-exp pass and the K1 column-sum pass
 //          each run over S CTAs per (token, head), then 16 pooling CTAs per (token, head) that
 //          also keep their segment's top-K candidates, and one top-K CTA over the candidates.
