@@ -144,6 +144,61 @@ __device__ __forceinline__ unsigned cta_index_again() {
   return b;
 }
 
+// XH (x as f16 in shared memory, N = 1): the A fragment as f16 pairs, one or two instructions per
+// pair instead of four (FP8: the hardware e4m3x2 → f16x2 conversion, exact; Q8: the bytes under an
+// f16 exponent, 1024 + q, minus 1024: exact). Q4 keeps the bf16 path (one lop3 per pair already).
+template <int FMT>
+__device__ __forceinline__ void decode_a_f16(const uint4& c, int j, uint32_t a[4]) {
+  static_assert(FMT != kQ4, "decode_a_f16: FP8 and Q8 only");
+  const uint32_t wg = word_of(c, 2 * j), wg8 = word_of(c, 2 * j + 1);
+  if constexpr (FMT == kQ8) {
+    auto q8x2 = [](uint32_t word, uint32_t sel) {
+      uint32_t h = __byte_perm(word, 0x64646464u, sel), r;
+      asm("sub.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(h), "r"(0x64006400u));
+      return r;
+    };
+    a[0] = q8x2(wg, 0x4140u), a[1] = q8x2(wg8, 0x4140u), a[2] = q8x2(wg, 0x4342u), a[3] = q8x2(wg8, 0x4342u);
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    auto f8x2 = [](uint32_t word, int h) {
+      uint32_t r;
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(uint16_t(word >> (16 * h))));
+      return r;
+    };
+#else
+    auto f8x2 = [](uint32_t word, int h) { return fp8_f16x2(word, h); };  // e4m3·2^-8 (kFp8Unit)
+#endif
+    a[0] = f8x2(wg, 0), a[1] = f8x2(wg8, 0), a[2] = f8x2(wg, 1), a[3] = f8x2(wg8, 1);
+  }
+}
+
+__device__ __forceinline__ void mma16816_f16(float c[4], const uint32_t a[4], uint2 b) {
+#ifdef SALA_PRE_SM80
+  __trap();
+#else
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+#endif
+}
+
+// The A fragment and the mma of a launch: f16 when x is staged as f16 (XH), bf16 otherwise.
+template <int FMT, bool XH>
+__device__ __forceinline__ void decode_x(const uint4& c, int j, uint32_t a[4]) {
+  if constexpr (XH) decode_a_f16<FMT>(c, j, a);
+  else decode_a<FMT>(c, j, a);
+}
+template <bool XH>
+__device__ __forceinline__ void mma_x(float d[4], const uint32_t a[4], uint2 b) {
+  if constexpr (XH) mma16816_f16(d, a, b);
+  else mma16816(d, a, b.x, b.y);
+}
+
+// x is staged as f16 times kXhScale: exact for 2^-13 ≤ |x| < 2^20 (bf16's 8 significant bits fit
+// f16's normal and upper subnormal range there); smaller values round by ≤ 2^-21 absolute (far
+// under the bf16 output's rounding), larger ones (|x| ≥ 2^20, no sane activation) overflow.
+constexpr float kXhScale = 1.f / 16.f;
+
 // d = a·b + c (c may be a literal zero: the compiler then feeds RZ).
 __device__ __forceinline__ void mma_acc(float d[4], const uint32_t a[4], uint2 b) { mma16816(d, a, b.x, b.y); }
 
@@ -155,12 +210,17 @@ __device__ __forceinline__ void mma_acc(float d[4], const uint32_t a[4], uint2 b
 // registers for grouped formats; the load overlaps the tile's decode and mma).
 // TG: every tile lies inside one group (group % tile_k == 0), known at compile time: the sub-tile
 // group path is compiled out.
-template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false>
+// XH: N = 1, x staged once per CTA into shared memory as f16 (dynamic, in·2 bytes) and the mma
+// in f16 (decode_a_f16): FP8 and Q8 only.
+template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
+          bool XH = false>
 __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const bf16* __restrict__ x, int ldx,
                                                         int N, int y_f32, int trigger) {
   constexpr int KT = tile_k(FMT), MT = KT / 16;
   constexpr bool kBias = FMT != kFP8;
+  static_assert(!XH || (NT == 1 && FMT != kQ4), "qgemv XH: one n-tile, FP8 or Q8");
   __shared__ float red[W][R * 16][NT * 8];
+  extern __shared__ uint2 xh[];  // XH: x[0, 4i .. 4i+3]·kXhScale as f16
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const PartBlock pb = find_part<R>(set, blockIdx.x);
   const QWeight& w = set.part[pb.part].w;
@@ -208,8 +268,22 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   for (int r = 0; r < R; ++r) prow[r] = per_row ? ld_param(params[r]) : zero4f;
   grid_dep_wait();
   if (trigger) launch_dependents();
+  if constexpr (XH) {
+    for (int i = threadIdx.x; i < in / 4; i += W * 32) {
+      const uint2 v = reinterpret_cast<const uint2*>(x)[i];
+      const float f0 = __uint_as_float(v.x << 16) * kXhScale, f1 = __uint_as_float(v.x & 0xffff0000u) * kXhScale;
+      const float f2 = __uint_as_float(v.y << 16) * kXhScale, f3 = __uint_as_float(v.y & 0xffff0000u) * kXhScale;
+      uint2 h;
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h.x) : "f"(f1), "f"(f0));
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h.y) : "f"(f3), "f"(f2));
+      xh[i] = h;
+    }
+    __syncthreads();
+  }
 
-  const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};  // bf16 1.0
+  // 1.0 in the A type: Σx for the biases through the same mma.
+  const uint32_t one2 = XH ? 0x3C003C00u : 0x3F803F80u;
+  const uint32_t ones[4] = {one2, one2, one2, one2};
   float cf[R][NT][4], cq[R][NT][4], cx[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -224,6 +298,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
     float s0 = p.x, b0 = p.y, s1 = p.z, b1 = p.w;
     if constexpr (FMT == kFP8) s0 *= 1.f / kFp8Unit, s1 *= 1.f / kFp8Unit;
     if constexpr (FMT == kQ4) b0 = fmaf(-128.f, s0, b0), b1 = fmaf(-128.f, s1, b1);
+    if constexpr (XH) s0 *= 1.f / kXhScale, s1 *= 1.f / kXhScale, b0 *= 1.f / kXhScale, b1 *= 1.f / kXhScale;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       float* c = cf[r][nt];
@@ -266,7 +341,8 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
 #pragma unroll
         for (int j = 0; j < MT; ++j) {
           const int k0 = k * KT + 16 * j + 4 * t;
-          xf[nt][j] = n < N && k0 < in ? *reinterpret_cast<const uint2*>(x + size_t(n) * ldx + k0) : make_uint2(0, 0);
+          xf[nt][j] = XH ? (n == 0 && k0 < in ? xh[k0 / 4] : make_uint2(0, 0))
+                         : (n < N && k0 < in ? *reinterpret_cast<const uint2*>(x + size_t(n) * ldx + k0) : make_uint2(0, 0));
         }
       }
 #pragma unroll
@@ -275,13 +351,13 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
         if (k0 >= in) break;
         if constexpr (kBias)
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma_acc(cx[nt], ones, xf[nt][j]);
+          for (int nt = 0; nt < NT; ++nt) mma_x<XH>(cx[nt], ones, xf[nt][j]);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           uint32_t a[4];
-          decode_a<FMT>(cw[r][u], j, a);
+          decode_x<FMT, XH>(cw[r][u], j, a);
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma_acc(cq[r][nt], a, xf[nt][j]);
+          for (int nt = 0; nt < NT; ++nt) mma_x<XH>(cq[r][nt], a, xf[nt][j]);
         }
         // Groups smaller than a tile (group % 16 == 0): flush at each group end and tile end.
         if (!per_row && !tile_group && ((uint32_t(k0) + 16) % G32 == 0 || j == MT - 1)) {
@@ -457,7 +533,8 @@ struct QArgs {
   cudaStream_t st;
 };
 
-template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false>
+template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
+          bool XH = false>
 void qgemv_cfg(const QArgs& a) {
   QGemvSet set = a.set;
   unsigned blocks = 0;  // each part's CTAs after the previous part's
@@ -466,7 +543,8 @@ void qgemv_cfg(const QArgs& a) {
     blocks += unsigned(((set.part[i].w.out + 15) / 16 + R - 1) / R);
   }
   set.first[set.count] = blocks;
-  launch_pdl(a.pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG>, dim3(blocks), dim3(W * 32), 0, a.st, set,
+  const size_t smem = XH ? size_t(set.part[0].w.in) * 2 : 0;
+  launch_pdl(a.pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH>, dim3(blocks), dim3(W * 32), smem, a.st, set,
              static_cast<const bf16*>(a.x), int(a.ldx), a.N, int(a.dty == kF32), int(g_trigger && a.pdl));
 }
 
@@ -502,6 +580,15 @@ void qgemv_small(const QArgs& a, int warps) {
   // 23.1 µs). Grouped formats (Q4, MLX Q8) spill at 64 registers: 8 warps of 4 tiles per stage.
   // The lm_head (73448 rows): 4 warps of 4 tiles.
   if constexpr (PR && (FMT == kFP8 || FMT == kQ8)) {
+    // N = 1: x as f16 in shared memory (≤ 48 KB), the lean f16 decode (XH).
+    if (a.N == 1 && a.set.part[0].w.in <= 24576) {
+      if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, true>(a);
+      if (a.rows <= 32768) {
+        if constexpr (FMT == kFP8) return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, false, TG, true>(a);
+        return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG, true>(a);
+      }
+      return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG, true>(a);
+    }
     // Q8 took v8 (one CTA per SM) until the grouped launch: v8 then measured 11.5 / 36.2 µs
     // (4096² / 4096×16384) against v6's 8.3 / 24.7 (sweep of commit e29901f, H200).
     if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG>(a);
