@@ -195,13 +195,6 @@ class Backend {
   }
   // out = silu(g) * u                                             (elementwise)
   virtual void silu_mul(const Mat& g, const Mat& u, Mat out) = 0;
-  // y = (silu(g)·u) · wᵀ: the MLP's activation and down projection. act is scratch of g's shape
-  // for a backend that materialises the activation (the default: silu_mul, then matmul); a fused
-  // backend (CUDA decode) may leave it unwritten. Same results as the two ops.
-  virtual void silu_mul_matmul(const Mat& g, const Mat& u, Mat act, const Weight& w, Mat y) {
-    silu_mul(g, u, act);
-    matmul(act, w, y);
-  }
   // out = a * sigmoid(z)                                          (elementwise; out may alias a)
   virtual void sigmoid_mul(const Mat& a, const Mat& z, Mat out) = 0;
   // h = h + alpha * a                                             (residual update)

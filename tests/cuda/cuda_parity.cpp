@@ -264,32 +264,6 @@ void test_fused_ops(Ctx& C, Rng& r) {
     C.keep.clear();
   }
 
-  // silu_mul_matmul: fused into the FMA GEMV's x loads at N ≤ 2 (bit-identical to silu_mul +
-  // matmul on the GPU), the two ops otherwise (N = 3, 40; gemv modes 2/3), close to the CPU.
-  for (int64_t n : {1, 2, 3, 40})
-    for (auto [out, in] : {std::pair<int64_t, int64_t>{4096, 16384}, {72, 256}, {100, 1000}})
-      for (int mode : {0, 2}) {
-        C.gpu.set_gemv_mode(mode);
-        auto gv = randn(r, size_t(n * in), 2.f), uv = randn(r, size_t(n * in)),
-             w = randn(r, size_t(out * in), 1.0f / std::sqrt(float(in)));
-        TensorView tv{w.data(), DType::F32, {out, in}};
-        Weight wc = C.cpu.load_weight(tv), wg = C.gpu.load_weight(tv);
-        Mat gc = C.cmat(n, in, &gv), uc = C.cmat(n, in, &uv), ac = C.cmat(n, in), yc = C.cmat(n, out);
-        C.cpu.silu_mul_matmul(gc, uc, ac, wc, yc);
-        Mat gg = C.gmat(DType::BF16, n, in, &gv), ug = C.gmat(DType::BF16, n, in, &uv), ag = C.gmat(DType::BF16, n, in),
-            yg = C.gmat(DType::BF16, n, out), a2 = C.gmat(DType::BF16, n, in), y2 = C.gmat(DType::BF16, n, out);
-        C.gpu.silu_mul_matmul(gg, ug, ag, wg, yg);
-        C.gpu.silu_mul(gg, ug, a2);
-        C.gpu.matmul(a2, wg, y2);
-        const auto got = C.gget(yg);
-        const double e = rel_err(got, C.cget(yc));
-        const bool same = got == C.gget(y2);
-        check(e < 1e-2 && same, strf("silu_mul_matmul mode %d N=%lld %lldx%lld", mode, (long long)n, (long long)out, (long long)in),
-              strf("rel %.2e, %s silu_mul + matmul", e, same ? "equal to" : "DIFFERS from"));
-        C.keep.clear();
-      }
-  C.gpu.set_gemv_mode(0);
-
   for (int64_t rows : {1, 3, 64})
     for (int64_t cols : {1024, 4096, 2560, 96}) {
       auto h = randn(r, size_t(rows * cols)), a = randn(r, size_t(rows * cols)), w = randn(r, size_t(cols), 0.2f, 1.f);

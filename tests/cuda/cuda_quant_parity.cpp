@@ -131,41 +131,6 @@ PackedMatrix random_packed(WeightFormat f, int64_t rows, int64_t cols, int64_t g
   return p;
 }
 
-// silu_mul_matmul with packed weights: fused into the N = 1 GEMV's f16 x staging for per-row FP8
-// and Q8 (bit-identical to silu_mul + matmul on the GPU), the two ops otherwise (N = 2, int4).
-void test_silu_mul_matmul(CpuBackend& cpu, CudaBackend& gpu) {
-  for (const Fmt& f : {kFormats[0], kFormats[1], kFormats[2]})
-    for (auto [out, in] : {std::pair<int64_t, int64_t>{4096, 16384}, {200, 384}})
-      for (int64_t n : {1, 2}) {
-        const PackedMatrix pm = random_packed(packed_format(f), out, in, f.group ? f.group : in, 5 + uint64_t(out));
-        const Weight wc = cpu.load_quantized_weight(pm.view(), f.name), wg = gpu.load_quantized_weight(pm.view(), f.name);
-        const auto g = randn(size_t(n * in), 3, 2.f), u = randn(size_t(n * in), 4);
-        auto run = [&](Backend& b, bool fused, DType dt) {
-          auto gb = b.alloc(size_t(n * in) * 4), ub = b.alloc(size_t(n * in) * 4), ab = b.alloc(size_t(n * in) * 4),
-               yb = b.alloc(size_t(n * out) * 4);
-          Mat gm = gb->mat(dt, n, in), um = ub->mat(dt, n, in), am = ab->mat(dt, n, in), ym = yb->mat(DType::F32, n, out);
-          b.upload(gm, g.data());
-          b.upload(um, u.data());
-          std::vector<float> y(size_t(n * out), std::nanf(""));
-          b.upload(ym, y.data());
-          const Weight& wt = &b == static_cast<Backend*>(&cpu) ? wc : wg;
-          if (fused) {
-            b.silu_mul_matmul(gm, um, am, wt, ym);
-          } else {
-            b.silu_mul(gm, um, am);
-            b.matmul(am, wt, ym);
-          }
-          b.download(ym, y.data());
-          return y;
-        };
-        const auto ref = run(cpu, false, DType::F32), fused = run(gpu, true, DType::BF16), two = run(gpu, false, DType::BF16);
-        const double e = rel_err(fused, ref);
-        check(e < 1e-2 && fused == two,
-              strf("silu_mul_matmul %s N=%lld %lldx%lld", f.name, (long long)n, (long long)out, (long long)in),
-              strf("rel %.2e vs cpu, %s silu_mul + matmul", e, fused == two ? "equal to" : "DIFFERS from"));
-      }
-}
-
 void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
   struct S {
     int64_t out, in;
@@ -482,7 +447,6 @@ void test_quant_parity(int& pass, int& fail) {
     CudaBackend gpu(0);
     test_matmuls(cpu, gpu);
     test_matmul_group(cpu, gpu);
-    test_silu_mul_matmul(cpu, gpu);
     test_random_and_errors(cpu, gpu);
     test_models();
   } catch (const std::exception& e) {

@@ -147,12 +147,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
 }
-// silu(a) = a·sigmoid(a), as every kernel computes it (silu_mul, and fused into the down GEMV).
-__device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
-// The MLP activation as silu_mul stores it in bf16: silu(g) rounded to bf16, times u, rounded.
-__device__ __forceinline__ float silu_mul_bf16(float g, float u) {
-  return __bfloat162float(__float2bfloat16_rn(__bfloat162float(__float2bfloat16_rn(silu(g))) * u));
-}
 // Programmatic dependent launch (sm_90): wait until the preceding kernel's memory is visible.
 __device__ __forceinline__ void grid_dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

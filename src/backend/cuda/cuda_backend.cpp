@@ -902,26 +902,6 @@ void CudaBackend::rope(Mat x, int head_dim, double theta) {
                     stream_);
 }
 
-// Decode: the activation computed in the down GEMV's x loads (gemv.cu / quant_gemv.cu) where the
-// plain path would run that same GEMV kernel (N ≤ 2 bf16 FMA kernel; N = 1 packed FP8/Q8 with x
-// staged as f16): bit-identical to silu_mul + matmul, one launch and 6 bytes per element fewer.
-void CudaBackend::silu_mul_matmul(const Mat& g, const Mat& u, Mat act, const Weight& w, Mat y) {
-  same_shape(g, u, "silu_mul_matmul");
-  same_shape(g, act, "silu_mul_matmul");
-  SALA_CHECK(g.cols == w.in() && y.cols == w.out() && g.rows == y.rows,
-             "cuda silu_mul_matmul: act [{}, {}] · Wᵀ [{}, {}] -> y [{}, {}]", g.rows, g.cols, w.out(), w.in(), y.rows,
-             y.cols);
-  const bool fusable = use_gemv_ && !batch_invariant_ && g.rows >= 1 && g.dtype == DType::BF16 &&
-                       u.dtype == DType::BF16 && act.dtype == DType::BF16 &&
-                       (y.dtype == DType::BF16 || y.dtype == DType::F32);
-  if (fusable && w.packed() && silu_mul_matmul_packed(g, u, w, y)) return;
-  if (fusable && !w.packed() && w.w.dtype == DType::BF16 && (gemv_mode_ == 0 || gemv_mode_ == 1) &&
-      cuda::launch_gemv_glu(g.data, u.data, g.cols, w.w.data, w.out(), w.in(), y.data, dt_of(y.dtype, "silu_mul_matmul"),
-                            y.cols, int(g.rows), pdl_ && props_.major >= 9, stream_))
-    return;
-  Backend::silu_mul_matmul(g, u, act, w, y);
-}
-
 void CudaBackend::silu_mul(const Mat& g, const Mat& u, Mat out) {
   same_shape(g, u, "silu_mul");
   same_shape(g, out, "silu_mul");

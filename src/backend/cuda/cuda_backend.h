@@ -91,7 +91,6 @@ class CudaBackend final : public Backend {
   void rmsnorm(const Mat& x, const Weight& w, float eps, Mat y) override;
   void rope(Mat x, int head_dim, double theta) override;
   void silu_mul(const Mat& g, const Mat& u, Mat out) override;
-  void silu_mul_matmul(const Mat& g, const Mat& u, Mat act, const Weight& w, Mat y) override;
   void sigmoid_mul(const Mat& a, const Mat& z, Mat out) override;
   void add_scaled(Mat h, const Mat& a, float alpha) override;
   void matmul_group(const Mat& x, std::span<const MatmulPart> parts) override;
@@ -154,7 +153,6 @@ class CudaBackend final : public Backend {
   void gemm_cublas(const Mat& x, const Weight& w, Mat y);
   void matmul_packed(const Mat& x, const Weight& w, Mat y);  // cuda_quant.cpp
   void matmul_group_packed(const Mat& x, std::span<const MatmulPart> parts);  // cuda_quant.cpp
-  bool silu_mul_matmul_packed(const Mat& g, const Mat& u, const Weight& w, Mat y);  // cuda_quant.cpp
   const void* packed_input(const Mat& x);  // x as 8-byte aligned bf16 rows
   int qgemv_warps() const;
   Weight alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group);

@@ -150,14 +150,6 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   }
 }
 
-// One row through the packed GEMV whose x staging computes silu(g)·u (where matmul_packed would
-// run that kernel: N = 1, automatic launch shape); false: not covered, nothing launched.
-bool CudaBackend::silu_mul_matmul_packed(const Mat& g, const Mat& u, const Weight& w, Mat y) {
-  if (g.rows != 1 || qgemv_warps() != 0) return false;
-  return cuda::launch_qgemv_glu(qweight(w), g.data, u.data, y.data, y.dtype == DType::BF16 ? cuda::kBF16 : cuda::kF32,
-                                y.cols, pdl_ && props_.major >= 9, stream_);
-}
-
 // The parts' weights share format, in and group, their outputs one dtype (bf16 or f32); N ≤ 32, not
 // batch-invariant. The GEMV matmul_packed launches per part, in one grid (the automatic launch shape
 // from all the parts' rows).

@@ -50,19 +50,6 @@ __device__ __forceinline__ void load_x8<float>(const float* p, float f[8]) {
   f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
 }
 
-// The x piece of a GEMV: x itself, or (GLU) the MLP activation silu(g)·u from g = x and u, rounded
-// as silu_mul rounds it (bit-identical to silu_mul followed by the plain GEMV).
-template <typename XT, bool GLU>
-__device__ __forceinline__ void load_act8(const XT* x, const bf16* u, int64_t off, float f[8]) {
-  load_x8<XT>(x + off, f);
-  if constexpr (GLU) {
-    float fu[8];
-    unpack8(*reinterpret_cast<const uint4*>(u + off), fu);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] = silu_mul_bf16(f[j], fu[j]);
-  }
-}
-
 template <typename YT>
 __device__ __forceinline__ void store_y(YT* p, float v);
 template <>
@@ -70,9 +57,9 @@ __device__ __forceinline__ void store_y<bf16>(bf16* p, float v) { *p = __float2b
 template <>
 __device__ __forceinline__ void store_y<float>(float* p, float v) { *p = v; }
 
-template <int N, typename XT, typename YT, bool GLU = false>
+template <int N, typename XT, typename YT>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const XT* __restrict__ x, int64_t ldx, GemvSet set,
-                                                           int64_t in, const bf16* __restrict__ glu_u) {
+                                                           int64_t in) {
   const int tid = threadIdx.x;
   const int part = find_part(set, blockIdx.x);
   const bf16* __restrict__ w = static_cast<const bf16*>(set.part[part].w);
@@ -121,7 +108,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const XT* __restrict_
 #pragma unroll
       for (int n = 0; n < N; ++n) {
         float xf[8];
-        load_act8<XT, GLU>(x, glu_u, n * ldx + (p + u * kStride) * 8, xf);
+        load_x8<XT>(x + n * ldx + (p + u * kStride) * 8, xf);
 #pragma unroll
         for (int r = 0; r < kRows; ++r)
 #pragma unroll
@@ -263,8 +250,7 @@ unsigned lay_out(GemvSet& set, int64_t rows) {
 template <int N, typename XT, typename YT>
 void launch_n(const void* x, int64_t ldx, GemvSet set, int64_t in, cudaStream_t st) {
   const unsigned blocks = lay_out(set, kRows);
-  launch_k(gemv_kernel<N, XT, YT>, blocks, kWarps * 32, st, static_cast<const XT*>(x), ldx, set, in,
-           static_cast<const bf16*>(nullptr));
+  launch_k(gemv_kernel<N, XT, YT>, blocks, kWarps * 32, st, static_cast<const XT*>(x), ldx, set, in);
 }
 
 template <typename XT, typename YT>
@@ -328,26 +314,6 @@ void launch_gemv_set(const void* x, Dt dtx, int64_t ldx, GemvSet set, int64_t in
     }
   }
   SALA_CUDA_LAUNCH("gemv kernel");
-}
-
-bool launch_gemv_glu(const void* g, const void* u, int64_t ldx, const void* w, int64_t out, int64_t in, void* y,
-                     Dt dty, int64_t ldy, int N, bool pdl, cudaStream_t st) {
-  // The FMA kernel's shape only (N ≤ 2, 16-byte pieces); anything else: the caller's composite.
-  if (N < 1 || N > 2 || out <= 0 || in % 8 != 0 || ldx % 8 != 0 || !al16(g) || !al16(u) || !al16(w) ||
-      (dty != kBF16 && dty != kF32))
-    return false;
-  g_pdl = pdl;
-  GemvSet set{};
-  set.part[0] = {w, y, out, ldy};
-  set.count = 1;
-  const unsigned blocks = lay_out(set, kRows);
-  auto gb = static_cast<const bf16*>(g), ub = static_cast<const bf16*>(u);
-  if (N == 1 && dty == kBF16) launch_k(gemv_kernel<1, bf16, bf16, true>, blocks, kWarps * 32, st, gb, ldx, set, in, ub);
-  else if (N == 1) launch_k(gemv_kernel<1, bf16, float, true>, blocks, kWarps * 32, st, gb, ldx, set, in, ub);
-  else if (dty == kBF16) launch_k(gemv_kernel<2, bf16, bf16, true>, blocks, kWarps * 32, st, gb, ldx, set, in, ub);
-  else launch_k(gemv_kernel<2, bf16, float, true>, blocks, kWarps * 32, st, gb, ldx, set, in, ub);
-  SALA_CUDA_LAUNCH("gemv glu kernel");
-  return true;
 }
 
 void launch_gemv(const void* x, Dt dtx, int64_t ldx, const void* w, int64_t out, int64_t in, void* y, Dt dty,

@@ -104,11 +104,6 @@ void launch_random_bf16(void* dst, int64_t n, float mean, float std, uint64_t se
 // before waiting for the previous kernel's outputs.
 void launch_gemv(const void* x, Dt dtx, int64_t ldx, const void* w, int64_t out, int64_t in, void* y, Dt dty,
                  int64_t ldy, int N, int mode, bool pdl, cudaStream_t st);
-// y = (silu(g)·u) · Wᵀ for N ≤ 2 rows of bf16 g and u (row stride ldx): the MLP activation computed
-// in the FMA GEMV's x loads, rounded as silu_mul stores it (bit-identical to silu_mul + launch_gemv
-// with the FMA kernel). Returns false, launching nothing, for shapes it does not cover.
-bool launch_gemv_glu(const void* g, const void* u, int64_t ldx, const void* w, int64_t out, int64_t in, void* y,
-                     Dt dty, int64_t ldy, int N, bool pdl, cudaStream_t st);
 // Grouped decode GEMV: several weights with the same `in` applied to the same x in ONE launch
 // (q/k/v/gate projections, gate/up): one ramp and tail instead of one per matrix, and small
 // matrices become one large, bandwidth-efficient grid. Every y has dtype dty.
@@ -153,11 +148,6 @@ struct QGemvSet {
   int count;
 };
 void launch_qgemv_set(const QGemvSet& set, const void* x, int64_t ldx, Dt dty, int N, int warps, bool pdl,
-                      cudaStream_t st);
-// y = (silu(g)·u) · Wᵀ for one row of bf16 g and u, the activation staged as the f16 x of the
-// N = 1 kernel (per-row FP8/Q8, in ≤ 24576; bit-identical to silu_mul + launch_qgemv there).
-// Returns false, launching nothing, for weights it does not cover.
-bool launch_qgemv_glu(const QWeight& w, const void* g, const void* u, void* y, Dt dty, int64_t ldy, bool pdl,
                       cudaStream_t st);
 // Rows [row0, row0 + rows) of W (row0 % 16 == 0) as bf16 row-major [rows, in] (prefill: cuBLAS
 // multiplies them).

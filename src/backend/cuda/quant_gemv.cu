@@ -215,7 +215,7 @@ __device__ __forceinline__ void mma_acc(float d[4], const uint32_t a[4], uint2 b
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
           bool XH = false>
 __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const bf16* __restrict__ x, int ldx,
-                                                        int N, int y_f32, int trigger, const bf16* __restrict__ glu_u) {
+                                                        int N, int y_f32, int trigger) {
   constexpr int KT = tile_k(FMT), MT = KT / 16;
   constexpr bool kBias = FMT != kFP8;
   static_assert(!XH || (NT == 1 && FMT != kQ4), "qgemv XH: one n-tile, FP8 or Q8");
@@ -271,14 +271,8 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   if constexpr (XH) {
     for (int i = threadIdx.x; i < in / 4; i += W * 32) {
       const uint2 v = reinterpret_cast<const uint2*>(x)[i];
-      float f0 = __uint_as_float(v.x << 16), f1 = __uint_as_float(v.x & 0xffff0000u);
-      float f2 = __uint_as_float(v.y << 16), f3 = __uint_as_float(v.y & 0xffff0000u);
-      if (glu_u) {  // x is the MLP's gate g: stage silu(g)·u as silu_mul would have stored it
-        const uint2 uv = reinterpret_cast<const uint2*>(glu_u)[i];
-        f0 = silu_mul_bf16(f0, __uint_as_float(uv.x << 16)), f1 = silu_mul_bf16(f1, __uint_as_float(uv.x & 0xffff0000u));
-        f2 = silu_mul_bf16(f2, __uint_as_float(uv.y << 16)), f3 = silu_mul_bf16(f3, __uint_as_float(uv.y & 0xffff0000u));
-      }
-      f0 *= kXhScale, f1 *= kXhScale, f2 *= kXhScale, f3 *= kXhScale;
+      const float f0 = __uint_as_float(v.x << 16) * kXhScale, f1 = __uint_as_float(v.x & 0xffff0000u) * kXhScale;
+      const float f2 = __uint_as_float(v.y << 16) * kXhScale, f3 = __uint_as_float(v.y & 0xffff0000u) * kXhScale;
       uint2 h;
       asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h.x) : "f"(f1), "f"(f0));
       asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h.y) : "f"(f3), "f"(f2));
@@ -537,7 +531,6 @@ struct QArgs {
   int N;
   bool pdl;
   cudaStream_t st;
-  const void* glu_u = nullptr;  // XH launches only: x is the gate, the staged x silu(x)·u
 };
 
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
@@ -552,8 +545,7 @@ void qgemv_cfg(const QArgs& a) {
   set.first[set.count] = blocks;
   const size_t smem = XH ? size_t(set.part[0].w.in) * 2 : 0;
   launch_pdl(a.pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH>, dim3(blocks), dim3(W * 32), smem, a.st, set,
-             static_cast<const bf16*>(a.x), int(a.ldx), a.N, int(a.dty == kF32), int(g_trigger && a.pdl),
-             static_cast<const bf16*>(XH ? a.glu_u : nullptr));
+             static_cast<const bf16*>(a.x), int(a.ldx), a.N, int(a.dty == kF32), int(g_trigger && a.pdl));
 }
 
 // N ≤ 8: one n-tile, one row block per CTA; the launch shape by format and size.
@@ -673,21 +665,6 @@ void launch_qgemv_set(const QGemvSet& set, const void* x, int64_t ldx, Dt dty, i
     default: SALA_CUDA_REQUIRE(false, "qgemv: unknown packed format");
   }
   SALA_CUDA_LAUNCH("qgemv kernel");
-}
-
-bool launch_qgemv_glu(const QWeight& w, const void* g, const void* u, void* y, Dt dty, int64_t ldy, bool pdl,
-                      cudaStream_t st) {
-  // Only where the automatic shape stages x as f16 (qgemv_small: per-row FP8/Q8, N = 1).
-  if (!((w.fmt == kFP8 || w.fmt == kQ8) && w.group == w.in && w.in % 4 == 0 && w.in <= 24576 && w.out > 0 &&
-        g_small_variant == 0 && al8(g) && al8(u) && (dty == kBF16 || dty == kF32)))
-    return false;
-  QArgs a{QGemvSet{}, w.out, g, w.in, dty, 1, pdl, st, u};
-  a.set.part[0] = {w, y, ldy};
-  a.set.count = 1;
-  if (w.fmt == kFP8) qgemv_small<kFP8, true, false>(a, 0);
-  else qgemv_small<kQ8, true, false>(a, 0);
-  SALA_CUDA_LAUNCH("qgemv glu kernel");
-  return true;
 }
 
 void launch_qgemv(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps,
