@@ -1,10 +1,9 @@
 // CUDA backend: packed weights (docs/quantization.md). Loading uploads the canonical codes and
 // tiles them on the device (quant_layout.h), random packed weights are generated on the device,
 // and matmul runs the packed decode GEMV for N ≤ 64 (q8/fp8) / 128 (q4) (quant_gemv.cu; matmul_group:
-// one grouped launch for N ≤ 32) and,
-// above, dequantizes row blocks into a fixed bf16 scratch that cuBLAS multiplies (prefill is
-// compute bound: the extra pass costs ~2.6 bytes per weight against 2·N FLOPs per weight of
-// tensor-core work).
+// one grouped launch for N ≤ 32) and, above, dequantizes row blocks into a fixed bf16 scratch that
+// cuBLAS multiplies (prefill is compute bound: the extra pass costs ~2.6 bytes per weight against
+// 2·N FLOPs per weight of tensor-core work).
 #include <cublas_v2.h>
 
 #include <algorithm>

@@ -100,8 +100,8 @@ void launch_random_bf16(void* dst, int64_t n, float mean, float std, uint64_t se
 // ---- matrix products (gemv.cu; the large case is cuBLAS in cuda_backend.cpp) ----
 // y[n, o] = Σ_i x[n, i] · W[o, i] for n < N ≤ 8; W bf16 [out, in] row-major.
 // mode: 0 automatic, 1 FMA kernel, 2 tensor-core kernel (4 warps/CTA), 3 tensor-core (16 warps).
-// pdl: launch with programmatic dependent launch (sm_90): the kernel prefetches its weights into L2
-// before waiting for the previous kernel's outputs.
+// pdl: launch with programmatic dependent launch (sm_90): the kernel loads its first weight stage
+// into registers before waiting for the previous kernel's outputs.
 void launch_gemv(const void* x, Dt dtx, int64_t ldx, const void* w, int64_t out, int64_t in, void* y, Dt dty,
                  int64_t ldy, int N, int mode, bool pdl, cudaStream_t st);
 // Grouped decode GEMV: several weights with the same `in` applied to the same x in ONE launch

@@ -10,7 +10,8 @@
 //   prefill one CTA per (group of ≤ 8 consecutive tokens, KV head), warp w scoring token w, the
 //          key tiles read once per CTA through a shared ring (select_prefill_kernel, below).
 //   fused  one CTA of 8 warps per (token group, KV head), the warps splitting the key tiles and
-//          each scoring every token: one token per group (decode in the batch-invariant mode).
+//          each scoring every token: decode-like batches (about one token per group), and every
+//          batch in the batch-invariant mode or with set_select_splits(1).
 //   split  decode (few tokens, long contexts): the K2 log-sum-exp pass and the K1 column-sum pass
 //          each run over S CTAs per (token, head), then 16 pooling CTAs per (token, head) that
 //          also keep their segment's top-K candidates, and one top-K CTA over the candidates.
