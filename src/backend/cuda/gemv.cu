@@ -22,6 +22,8 @@
 //   N=1: 4096×4096 68%, 16384×4096 88%, 4096×16384 92%, 73448×4096 (lm_head) 99%
 //   N=8: 4096×4096 54%, 16384×4096 81%, 4096×16384 78%, 73448×4096 90%
 //   The 32 MB matrices lose to launch/ramp time (~3 µs of 11.6 µs).
+#include <cstdlib>
+
 #include "backend/cuda/common.cuh"
 
 namespace sala::cuda {
@@ -57,9 +59,12 @@ __device__ __forceinline__ void store_y<bf16>(bf16* p, float v) { *p = __float2b
 template <>
 __device__ __forceinline__ void store_y<float>(float* p, float v) { *p = v; }
 
-template <int N, typename XT, typename YT>
-__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const XT* __restrict__ x, int64_t ldx, GemvSet set,
-                                                           int64_t in) {
+// P: 16-byte pieces per row and stage. P = 2 keeps 2·kRows loads in flight per thread (~95
+// registers: 5 CTAs per SM); P = 1 fits 64 registers, 8 CTAs per SM, so a 4096-row matrix
+// (1024 CTAs) runs in one wave instead of 1.55. The pieces are summed in the same order either way.
+template <int N, typename XT, typename YT, int P = 2>
+__global__ void __launch_bounds__(kWarps * 32, P == 1 ? 8 : 1) gemv_kernel(const XT* __restrict__ x, int64_t ldx,
+                                                                           GemvSet set, int64_t in) {
   const int tid = threadIdx.x;
   const int part = find_part(set, blockIdx.x);
   const bf16* __restrict__ w = static_cast<const bf16*>(set.part[part].w);
@@ -77,14 +82,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const XT* __restrict_
 
   const int64_t pieces = in / 8;
   constexpr int kStride = kWarps * 32;
-  // Two pieces per stage: 2·kRows independent 16-byte weight loads in flight per thread, the next
+  // P pieces per stage: P·kRows independent 16-byte weight loads in flight per thread, the next
   // stage's loads issued before this stage's FMAs. Weights never depend on earlier kernels: the
   // first stage is loaded before the dependency wait, overlapping the previous kernel (with PDL).
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  uint4 wv[2][kRows];
+  uint4 wv[P][kRows];
   auto load = [&](int64_t p) {
 #pragma unroll
-    for (int u = 0; u < 2; ++u)
+    for (int u = 0; u < P; ++u)
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
         wv[u][r] = p + u * kStride < pieces ? __ldg(reinterpret_cast<const uint4*>(wr[r]) + p + u * kStride) : zero;
@@ -92,15 +97,15 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const XT* __restrict_
   load(tid);
   grid_dep_wait();
   launch_dependents();
-  for (int64_t p = tid; p < pieces; p += 2 * kStride) {
-    uint4 cur[2][kRows];
+  for (int64_t p = tid; p < pieces; p += P * kStride) {
+    uint4 cur[P][kRows];
 #pragma unroll
-    for (int u = 0; u < 2; ++u)
+    for (int u = 0; u < P; ++u)
 #pragma unroll
       for (int r = 0; r < kRows; ++r) cur[u][r] = wv[u][r];
-    if (p + 2 * kStride < pieces) load(p + 2 * kStride);
+    if (p + P * kStride < pieces) load(p + P * kStride);
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < P; ++u) {
       if (p + u * kStride >= pieces) break;
       float wf[kRows][8];
 #pragma unroll
@@ -247,10 +252,24 @@ unsigned lay_out(GemvSet& set, int64_t rows) {
   return b;
 }
 
+// Pieces per stage of the FMA kernel: SALA_CUDA_GEMV_STAGE=1|2 forces one (A/B runs), otherwise
+// P = 1 where the whole grid then fits one wave (N = 1, ≤ 4096 rows: 8 CTAs of 128 threads per SM).
+int stage_pieces(int N, unsigned blocks) {
+  static const int forced = [] {
+    const char* e = std::getenv("SALA_CUDA_GEMV_STAGE");
+    return e ? std::atoi(e) : 0;
+  }();
+  if (forced == 1 || forced == 2) return forced;
+  return N == 1 && blocks <= 1024 ? 1 : 2;
+}
+
 template <int N, typename XT, typename YT>
 void launch_n(const void* x, int64_t ldx, GemvSet set, int64_t in, cudaStream_t st) {
   const unsigned blocks = lay_out(set, kRows);
-  launch_k(gemv_kernel<N, XT, YT>, blocks, kWarps * 32, st, static_cast<const XT*>(x), ldx, set, in);
+  if (N == 1 && stage_pieces(N, blocks) == 1)
+    launch_k(gemv_kernel<1, XT, YT, 1>, blocks, kWarps * 32, st, static_cast<const XT*>(x), ldx, set, in);
+  else
+    launch_k(gemv_kernel<N, XT, YT>, blocks, kWarps * 32, st, static_cast<const XT*>(x), ldx, set, in);
 }
 
 template <typename XT, typename YT>
