@@ -136,7 +136,7 @@ if want quant-bench; then
   if have_bench; then
     for q in fp8 int8 int4; do
       run "quant-$q" "$OUT/quant_bench.log" timeout 300 "$SALA" bench --random 9b --backend cuda --quant "$q" \
-        --contexts 4k,32k --batches 1,8,32 --decode-steps 16 --json "$OUT/quant-$q.json"
+        --contexts 4k,32k --batches 1,8,32 --decode-steps 32 --json "$OUT/quant-$q.json"
       if [ "$LAST_RC" -eq 0 ]; then note "quant-$q" ok "$LAST_DT" "quant-$q.json"; else note "quant-$q" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
     done
   else
