@@ -2,17 +2,8 @@
 # sala batch: every prompt decoded together gives what it gives alone (greedy), results in input
 # order, JSONL overrides, --max-tokens / finish_reason, --parallel independence, throughput line,
 # and input errors naming the line.
-set -euo pipefail
-SALA=${SALA:?set SALA to the sala binary}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export SALA_HOME=$tmp/home
+source "$(dirname "$0")/common.sh"
 PY=/usr/bin/python3
-
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
 
 $SALA init "$tmp/m" --preset tiny --seed 1 >/dev/null
 M=$tmp/m

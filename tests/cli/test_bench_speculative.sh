@@ -2,15 +2,7 @@
 # sala bench --speculative-costs on the CPU backend (tiny preset, random weights): the cost table
 # and its JSON rows for a dense and a sparse context (the tiny dense_len is 256), every K from 1
 # to --max-draft-tokens (default 8), positive timings, ratios and predicted speedups; usage errors.
-set -euo pipefail
-SALA=${SALA:?set SALA to the sala binary}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export SALA_HOME=$tmp/home
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+source "$(dirname "$0")/common.sh"
 
 "$SALA" bench --random tiny --backend cpu --speculative-costs --contexts 64,300 --decode-steps 3 --draft-layers 2 \
   --json "$tmp/s.json" >"$tmp/out" 2>"$tmp/err" || fail "bench --speculative-costs failed: $(cat "$tmp/err")"

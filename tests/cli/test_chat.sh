@@ -2,17 +2,8 @@
 # sala chat: scripted input through a pipe (answers equal `generate`, history carried between turns,
 # `clear`, `quit`, EOF), and an interactive session on a pseudo-terminal where Ctrl-C stops a
 # long answer without ending the session, and Ctrl-C at the prompt leaves.
-set -euo pipefail
-SALA=${SALA:?set SALA to the sala binary}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export SALA_HOME=$tmp/home
+source "$(dirname "$0")/common.sh"
 PY=/usr/bin/python3
-
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
 
 $SALA init "$tmp/m" --preset tiny --seed 1 >/dev/null
 M=$tmp/m

@@ -2,18 +2,8 @@
 # sala generate: greedy determinism, --stream == --no-stream, seeded sampling, the timing summary and
 # random-weights notice on stderr, --max-tokens, stop strings, --raw/--system/--no-think, usage
 # errors, and the built-in default model (when the real tokenizer files are present).
-set -euo pipefail
-SALA=${SALA:?set SALA to the sala binary}
-SALA_ROOT=${SALA_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export SALA_HOME=$tmp/home  # the default model goes here, not into the user's cache
-export LC_ALL=C             # byte-wise string slicing below
-
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+source "$(dirname "$0")/common.sh"
+export LC_ALL=C  # byte-wise string slicing below
 # expect_error "what" "stderr pattern" cmd...: the command fails (exit != 0) and says why.
 expect_error() {
   local what=$1 pattern=$2

@@ -2,17 +2,7 @@
 # sala needle on a tiny random model: the random-weights message, the table, the JSON schema (one
 # cell per context x depth, exact prompt lengths, host RSS peak, device peak null on the CPU
 # backend), the PNGs; plus usage errors.
-set -euo pipefail
-SALA=${SALA:?set SALA to the sala binary}
-SALA_ROOT=${SALA_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export SALA_HOME=$tmp/home
-
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+source "$(dirname "$0")/common.sh"
 
 $SALA init "$tmp/m" --preset tiny --seed 1 >/dev/null
 M=$tmp/m

@@ -1,16 +1,7 @@
 #!/usr/bin/env bash
 # sala perplexity on a tiny random model: output line, JSON {ppl, nll, tokens, windows}, the
 # window count of the sliding-window recipe, and usage errors.
-set -euo pipefail
-SALA=${SALA:?set SALA to the sala binary}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export SALA_HOME=$tmp/home
-
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+source "$(dirname "$0")/common.sh"
 
 $SALA init "$tmp/m" --preset tiny --seed 1 >/dev/null
 for i in $(seq 1 12); do echo "The river town woke slowly in the early spring, and boats drifted past the bridge."; done >"$tmp/t.txt"

@@ -14,16 +14,7 @@
 #     nll and ppl < 1e-6 (measured: ~2e-9; the f32 CPU path would justify up to 1e-4).
 # Cases: overlapping windows (stride < ctx, every token after the first scored once) and disjoint
 # windows (stride == ctx, each window's first token unscored), with a short last window.
-set -euo pipefail
-SALA=${SALA:?set SALA to the sala binary}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export SALA_HOME=$tmp/home
-
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+source "$(dirname "$0")/common.sh"
 
 $SALA init "$tmp/m" --preset tiny --seed 1 >/dev/null
 for i in $(seq 1 6); do echo "The river town woke slowly in the early spring, and boats drifted past the bridge."; done >"$tmp/t.txt"

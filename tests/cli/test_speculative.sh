@@ -3,16 +3,7 @@
 # is the same as without (exact rollback), also over several chat turns and with several prompts
 # decoded together (speculation inside continuous batching); the timing summary reports acceptance, tokens per verify step and the steps without
 # drafts; bad flags fail.
-set -euo pipefail
-SALA=${SALA:?set SALA to the sala binary}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export SALA_HOME=$tmp/home
-
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+source "$(dirname "$0")/common.sh"
 
 $SALA init "$tmp/m" --preset tiny --seed 3 >/dev/null
 M=$tmp/m

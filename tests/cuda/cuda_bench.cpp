@@ -69,6 +69,19 @@ std::vector<float> host_rand(size_t n, float std, uint64_t seed) {
 
 }  // namespace
 
+// One sparse layer of the 9B geometry (InfLLM-v2 block 64, kernel 32 / stride 16, top-64 + 32 local).
+CacheSpec sparse_9b_spec(int max_pages, int max_slots) {
+  CacheSpec spec;
+  spec.sparse_layers = 1;
+  spec.kv_heads = 2, spec.head_dim = 128, spec.q_heads = 32;
+  spec.block_size = 64, spec.kernel_size = 32, spec.kernel_stride = 16;
+  spec.init_blocks = 1, spec.local_blocks = 32, spec.topk = 64;
+  spec.max_pages = max_pages;
+  spec.max_slots = max_slots;
+  spec.attn_scale = 1.0f / std::sqrt(128.f);
+  return spec;
+}
+
 int run_bench(int argc, char** argv) {
   std::string json;
   for (int i = 1; i + 1 < argc; ++i)
@@ -365,14 +378,7 @@ int run_bench(int argc, char** argv) {
 
   // Sparse layer (9B geometry, one layer): prefill chunks, then decode at several contexts.
   if (all_sections) {
-    CacheSpec spec;
-    spec.sparse_layers = 1;
-    spec.kv_heads = 2, spec.head_dim = 128, spec.q_heads = 32;
-    spec.block_size = 64, spec.kernel_size = 32, spec.kernel_stride = 16;
-    spec.init_blocks = 1, spec.local_blocks = 32, spec.topk = 64;
-    spec.max_pages = 1400;
-    spec.max_slots = 16;
-    spec.attn_scale = 1.0f / std::sqrt(128.f);
+    const CacheSpec spec = sparse_9b_spec(1400, 16);
     be.create_caches(spec);
     const int64_t chunk = 512;
     auto qb = be.alloc(size_t(chunk) * (4096 + 256 + 256 + 4096) * 2);
@@ -453,14 +459,7 @@ int run_bench(int argc, char** argv) {
   // of a prefilled context (same bytes and work, no 1M-token prefill). Selection splits: automatic,
   // then forced, to find the best split count per context.
   {
-    CacheSpec spec;
-    spec.sparse_layers = 1;
-    spec.kv_heads = 2, spec.head_dim = 128, spec.q_heads = 32;
-    spec.block_size = 64, spec.kernel_size = 32, spec.kernel_stride = 16;
-    spec.init_blocks = 1, spec.local_blocks = 32, spec.topk = 64;
-    spec.max_pages = 16400;
-    spec.max_slots = 1;
-    spec.attn_scale = 1.0f / std::sqrt(128.f);
+    const CacheSpec spec = sparse_9b_spec(16400, 1);
     be.create_caches(spec);
     be.debug_fill_pools_random(77);
     std::vector<int32_t> pages(size_t(spec.max_pages));

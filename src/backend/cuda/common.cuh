@@ -189,12 +189,6 @@ void launch_pdl(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
   SALA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-#ifndef SALA_PRE_SM80
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-#endif
-}
-
 // Warp-wide integer sum (redux.sync on sm_80+).
 __device__ __forceinline__ int warp_sum_int(int v) {
 #ifdef SALA_PRE_SM80

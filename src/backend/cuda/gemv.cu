@@ -61,7 +61,7 @@ __device__ __forceinline__ void store_y<float>(float* p, float v) { *p = v; }
 
 // P: 16-byte pieces per row and stage. P = 2 keeps 2·kRows loads in flight per thread (~95
 // registers: 5 CTAs per SM); P = 1 fits 64 registers, 8 CTAs per SM, so a 4096-row matrix
-// (1024 CTAs) runs in one wave instead of 1.55 (4K decode +3%, see stage_pieces). The pieces are
+// (1024 CTAs) runs in one wave instead of 1.55 (4K decode +3%, see one_piece_per_stage). The pieces are
 // summed in the same order either way: the results are the same bits.
 template <int N, typename XT, typename YT, int P = 2>
 __global__ void __launch_bounds__(kWarps * 32, P == 1 ? 8 : 1) gemv_kernel(const XT* __restrict__ x, int64_t ldx,
@@ -253,23 +253,22 @@ unsigned lay_out(GemvSet& set, int64_t rows) {
   return b;
 }
 
-// Pieces per stage of the FMA kernel: SALA_CUDA_GEMV_STAGE=1|2 forces one (A/B runs), otherwise
-// P = 1 at N = 1. Same-machine A/B on the H200 (4K decode, 3 runs each): P = 2 everywhere 188.4–189.2
-// tok/s; P = 1 for grids ≤ 1024 CTAs (the 4096-row o_proj in one wave) 193.5–194.8; P = 1 for
-// every N = 1 launch 194.1–195.2 (the larger grids also run in fewer waves).
-int stage_pieces(int N) {
-  static const int forced = [] {
+// Pieces per stage of the FMA kernel at N = 1 (N > 1 keeps two): one, unless SALA_CUDA_GEMV_STAGE=2
+// (A/B runs). Same-machine A/B on the H200 (4K decode, 3 runs each): two everywhere 188.4–189.2
+// tok/s; one for grids ≤ 1024 CTAs (the 4096-row o_proj in one wave) 193.5–194.8; one for every
+// N = 1 launch 194.1–195.2 (the larger grids also run in fewer waves).
+bool one_piece_per_stage() {
+  static const bool one = [] {
     const char* e = std::getenv("SALA_CUDA_GEMV_STAGE");
-    return e ? std::atoi(e) : 0;
+    return !(e && std::atoi(e) == 2);
   }();
-  if (forced == 1 || forced == 2) return forced;
-  return N == 1 ? 1 : 2;
+  return one;
 }
 
 template <int N, typename XT, typename YT>
 void launch_n(const void* x, int64_t ldx, GemvSet set, int64_t in, cudaStream_t st) {
   const unsigned blocks = lay_out(set, kRows);
-  if (N == 1 && stage_pieces(N) == 1)
+  if (N == 1 && one_piece_per_stage())
     launch_k(gemv_kernel<1, XT, YT, 1>, blocks, kWarps * 32, st, static_cast<const XT*>(x), ldx, set, in);
   else
     launch_k(gemv_kernel<N, XT, YT>, blocks, kWarps * 32, st, static_cast<const XT*>(x), ldx, set, in);
