@@ -37,6 +37,8 @@
 // bit for bit). The automatic shape is that of one matrix of all the parts' rows.
 // The launch lets the next PDL kernel start (griddepcontrol.launch_dependents) once every CTA is
 // resident: its weights then stream in while this grid's last CTAs drain.
+#include <cstdlib>
+
 #include "core/rng.h"
 #include "backend/cuda/common.cuh"
 #include "backend/quant_layout.h"
@@ -216,15 +218,20 @@ __device__ __forceinline__ void mma_acc(float d[4], const uint32_t a[4], uint2 b
 // group path is compiled out.
 // XH: N = 1, x staged once per CTA into shared memory as f16 (dynamic, in·2 bytes) and the mma
 // in f16 (decode_a_f16): FP8 and Q8 only.
+// SP: grouped formats; the CTA's group parameters (R row blocks × in/group × 128 bytes) are
+// copied into shared memory with cp.async before griddepcontrol.wait, so a tile's flush reads
+// them from shared memory instead of waiting on a global load of its own (LP put one memory
+// latency per tile on each warp's critical path).
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
-          bool XH = false>
+          bool XH = false, bool SP = false>
 __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const bf16* __restrict__ x, int ldx,
                                                         int N, int y_f32, int trigger) {
   constexpr int KT = tile_k(FMT), MT = KT / 16;
   constexpr bool kBias = FMT != kFP8;
   static_assert(!XH || (NT == 1 && FMT != kQ4), "qgemv XH: one n-tile, FP8 or Q8");
+  static_assert(!(SP && (PR || LP)), "qgemv SP: grouped formats, instead of LP");
   __shared__ float red[W][R * 16][NT * 8];
-  extern __shared__ uint2 xh[];  // XH: x[0, 4i .. 4i+3]·kXhScale as f16
+  extern __shared__ uint4 dyn_smem[];  // SP: the parameters, then XH: x
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const PartBlock pb = find_part<R>(set, blockIdx.x);
   const QWeight& w = set.part[pb.part].w;
@@ -245,6 +252,9 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   const uint32_t tpg = tile_group ? uint32_t(G / KT) : 1u, G32 = uint32_t(G);
   const int tpg_shift = (tpg & (tpg - 1)) == 0 ? __ffs(int(tpg)) - 1 : -1;
   const int step = W * U, stages = (ktiles + step - 1) / step;
+  // SP: row block r's float4 of group gi and lane group g at sp[(r·groups + gi)·8 + g].
+  float4* sp = reinterpret_cast<float4*>(dyn_smem);
+  uint2* xh = reinterpret_cast<uint2*>(dyn_smem + (SP ? R * groups * 8 : 0));  // XH: x[0, 4i..4i+3]·kXhScale as f16
 
   uint4 cwA[R][U], cwB[R][U];
   float4 ptA[R][U], ptB[R][U];
@@ -259,12 +269,19 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         cw[r][u] = ok ? ld_stream(codes[r] + k * 32) : zero4;
-        pt[r][u] = !LP && tile_group && ok ? ld_param(params[r] + gi * 8) : zero4f;
+        pt[r][u] = !LP && !SP && tile_group && ok ? ld_param(params[r] + gi * 8) : zero4f;
       }
     }
   };
 
   // Weights never depend on earlier kernels: the first two stages are requested before the wait.
+  if constexpr (SP) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      for (int i = threadIdx.x; i < groups * 8; i += W * 32)
+        cp_async16(smem_addr(sp + r * groups * 8 + i), params[r] - g + i, 16);
+    cp_async_commit();
+  }
   load(0, cwA, ptA);
   if (stages > 1) load(1, cwB, ptB);
   float4 prow[R];
@@ -282,8 +299,9 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
       asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h.y) : "f"(f3), "f"(f2));
       xh[i] = h;
     }
-    __syncthreads();
   }
+  if constexpr (SP) cp_async_wait_all();
+  if constexpr (XH || SP) __syncthreads();
 
   // 1.0 in the A type: Σx for the biases through the same mma.
   const uint32_t one2 = XH ? 0x3C003C00u : 0x3F803F80u;
@@ -333,10 +351,11 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
       const int k = s * step + warp + W * u;
       if (k >= ktiles) break;
       float4 lp[R];
-      if constexpr (LP) {
+      if constexpr (LP || SP) {
         const uint32_t gi = tpg_shift >= 0 ? uint32_t(k) >> tpg_shift : uint32_t(k) / tpg;
 #pragma unroll
-        for (int r = 0; r < R; ++r) lp[r] = tile_group ? ld_param(params[r] + gi * 8) : zero4f;
+        for (int r = 0; r < R; ++r)
+          lp[r] = !tile_group ? zero4f : SP ? sp[(r * groups + int(gi)) * 8 + g] : ld_param(params[r] + gi * 8);
       }
       uint2 xf[NT][MT];
 #pragma unroll
@@ -366,13 +385,14 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
         // Groups smaller than a tile (group % 16 == 0): flush at each group end and tile end.
         if (!per_row && !tile_group && ((uint32_t(k0) + 16) % G32 == 0 || j == MT - 1)) {
 #pragma unroll
-          for (int r = 0; r < R; ++r) flush(r, ld_param(params[r] + (uint32_t(k0) / G32) * 8));
+          for (int r = 0; r < R; ++r)
+            flush(r, SP ? sp[(r * groups + int(uint32_t(k0) / G32)) * 8 + g] : ld_param(params[r] + (uint32_t(k0) / G32) * 8));
           clear_cx();
         }
       }
       if (tile_group) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) flush(r, LP ? lp[r] : pt[r][u]);
+        for (int r = 0; r < R; ++r) flush(r, LP || SP ? lp[r] : pt[r][u]);
         clear_cx();
       }
     }
@@ -537,9 +557,27 @@ struct QArgs {
   cudaStream_t st;
 };
 
+// Shared memory per CTA without an opt-in attribute.
+constexpr size_t kStaticSmemLimit = 48 << 10;
+
+// Group parameters of the N ≤ 8 decode GEMV in shared memory (SP), unless SALA_CUDA_QGEMV_SP=0
+// (A/B runs against the late loads, LP).
+bool params_in_smem() {
+  static const bool on = [] {
+    const char* e = std::getenv("SALA_CUDA_QGEMV_SP");
+    return !(e && std::atoi(e) == 0);
+  }();
+  return on;
+}
+
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
-          bool XH = false>
+          bool XH = false, bool SP = false>
 void qgemv_cfg(const QArgs& a) {
+  const size_t param_smem = SP ? size_t(R) * size_t(a.set.part[0].w.in / a.set.part[0].w.group) * 128 : 0;
+  const size_t smem = param_smem + (XH ? size_t(a.set.part[0].w.in) * 2 : 0);
+  if constexpr (SP) {  // parameters beyond 48 KB (in / group > 384 per row block): late loads instead
+    if (smem > kStaticSmemLimit) return qgemv_cfg<FMT, NT, R, U, W, MINB, PR, true, TG, XH, false>(a);
+  }
   QGemvSet set = a.set;
   unsigned blocks = 0;  // each part's CTAs after the previous part's
   for (int i = 0; i < set.count; ++i) {
@@ -547,8 +585,7 @@ void qgemv_cfg(const QArgs& a) {
     blocks += unsigned(((set.part[i].w.out + 15) / 16 + R - 1) / R);
   }
   set.first[set.count] = blocks;
-  const size_t smem = XH ? size_t(set.part[0].w.in) * 2 : 0;
-  launch_pdl(a.pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH>, dim3(blocks), dim3(W * 32), smem, a.st, set,
+  launch_pdl(a.pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP>, dim3(blocks), dim3(W * 32), smem, a.st, set,
              static_cast<const bf16*>(a.x), int(a.ldx), a.N, int(a.dty == kF32), int(g_trigger && a.pdl));
 }
 
@@ -569,6 +606,15 @@ void qgemv_small(const QArgs& a, int warps) {
     case 11: return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, true, TG>(a);
     case 12: return qgemv_cfg<FMT, 1, 1, 2, 8, 4, PR, true, TG>(a);
     case 13: return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, true, TG>(a);
+    case 14:  // 9, 10, 5 with the parameters in shared memory (SP; per-row formats: as 9, 10, 5)
+      if constexpr (!PR) return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG, false, true>(a);
+      return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, true, TG>(a);
+    case 15:
+      if constexpr (!PR) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, false, true>(a);
+      return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, true, TG>(a);
+    case 16:
+      if constexpr (!PR) return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG, false, true>(a);
+      return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(a);
     default: break;
   }
   switch (warps) {  // fixed warp counts (tests, benchmarks)
@@ -601,6 +647,17 @@ void qgemv_small(const QArgs& a, int warps) {
       return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG>(a);
     }
     return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(a);
+  }
+  // Grouped formats: the group parameters in shared memory (SP) unless SALA_CUDA_QGEMV_SP=0.
+  if constexpr (!PR) {
+    if (params_in_smem()) {
+      if constexpr (FMT == kQ4 && TG) {
+        if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, false, true>(a);
+        return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG, false, true>(a);
+      }
+      if (a.rows > 16384) return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG, false, true>(a);
+      return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG, false, true>(a);
+    }
   }
   // Q4 in tile groups (group 64 or 128): late group parameters fit 64 registers (16 bytes of
   // spills), third sweep: 16384×4096 22.3 → 19.8 µs, 4096×16384 22.1 → 18.8, lm_head 91.4 → 72.4.
