@@ -152,31 +152,10 @@ __device__ __forceinline__ unsigned cta_index_again() {
 
 // XH (x as f16 in shared memory, N = 1): the A fragment as f16 pairs, one or two instructions per
 // pair instead of four (FP8: the hardware e4m3x2 → f16x2 conversion, exact; Q8: the bytes under an
-// f16 exponent, 1024 + q, minus 1024: exact; Q4: q − 8, see q4x2_f16).
-// Q4 pair (nibbles p and p + 4 of a word, quant_layout.h) as f16 q − 8, exact: the low nibbles
-// under the f16 exponent of 1024 are 1024 + q, minus 1032; the high nibbles (bits 4..7) are
-// 1024 + 16q, times 1/16 minus 72 (one fma, exact result). Two instructions per pair, a shift per
-// two pairs; no 128·Σx cancellation as in the bf16 decode (q − 8 is exact and small).
-__device__ __forceinline__ uint32_t lop_or(uint32_t w, uint32_t mask, uint32_t bits) {
-  uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(r) : "r"(w), "r"(mask), "r"(bits));  // (w & mask) | bits
-  return r;
-}
-__device__ __forceinline__ void q4x4_f16(uint32_t w, uint32_t a[4]) {
-  const uint32_t l0 = lop_or(w, 0x000F000Fu, 0x64006400u), h0 = lop_or(w, 0x00F000F0u, 0x64006400u);
-  const uint32_t w8 = w >> 8;
-  const uint32_t l1 = lop_or(w8, 0x000F000Fu, 0x64006400u), h1 = lop_or(w8, 0x00F000F0u, 0x64006400u);
-  asm("sub.f16x2 %0, %1, %2;\n" : "=r"(a[0]) : "r"(l0), "r"(0x64086408u));                   // 1032
-  asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(a[1]) : "r"(h0), "r"(0x2C002C00u), "r"(0xD480D480u));  // 1/16, -72
-  asm("sub.f16x2 %0, %1, %2;\n" : "=r"(a[2]) : "r"(l1), "r"(0x64086408u));
-  asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(a[3]) : "r"(h1), "r"(0x2C002C00u), "r"(0xD480D480u));
-}
+// f16 exponent, 1024 + q, minus 1024: exact). Q4 keeps the bf16 path (one lop3 per pair already).
 template <int FMT>
 __device__ __forceinline__ void decode_a_f16(const uint4& c, int j, uint32_t a[4]) {
-  if constexpr (FMT == kQ4) {
-    q4x4_f16(word_of(c, j), a);
-    return;
-  }
+  static_assert(FMT != kQ4, "decode_a_f16: FP8 and Q8 only");
   const uint32_t wg = word_of(c, 2 * j), wg8 = word_of(c, 2 * j + 1);
   if constexpr (FMT == kQ8) {
     auto q8x2 = [](uint32_t word, uint32_t sel) {
@@ -238,8 +217,7 @@ __device__ __forceinline__ void mma_acc(float d[4], const uint32_t a[4], uint2 b
 // TG: every tile lies inside one group (group % tile_k == 0), known at compile time: the sub-tile
 // group path is compiled out.
 // XH: N = 1, x staged once per CTA into shared memory as f16 (dynamic, in·2 bytes) and the mma
-// in f16 (decode_a_f16). Q4 (XS): the staging also sums x per group (group ≤ 128) into shared
-// memory, which replaces the all-ones mma for Σx (half the mmas).
+// in f16 (decode_a_f16): FP8 and Q8 only.
 // SP: grouped formats; the CTA's group parameters (R row blocks × in/group × 128 bytes) are
 // copied into shared memory with cp.async before griddepcontrol.wait, so a tile's flush reads
 // them from shared memory instead of waiting on a global load of its own (LP put one memory
@@ -250,10 +228,8 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
                                                         int N, int y_f32, int trigger) {
   constexpr int KT = tile_k(FMT), MT = KT / 16;
   constexpr bool kBias = FMT != kFP8;
-  static_assert(!XH || NT == 1, "qgemv XH: one n-tile");
-  constexpr bool XS = XH && FMT == kQ4;  // Σx per group from shared memory (group ≤ 128)
+  static_assert(!XH || (NT == 1 && FMT != kQ4), "qgemv XH: one n-tile, FP8 or Q8");
   static_assert(!(SP && (PR || LP)), "qgemv SP: grouped formats, instead of LP");
-  static_assert(!XS || SP, "qgemv Q4 XH: with the parameters in shared memory");
   __shared__ float red[W][R * 16][NT * 8];
   extern __shared__ uint4 dyn_smem[];  // SP: the parameters, then XH: x
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -279,7 +255,6 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   // SP: row block r's float4 of group gi and lane group g at sp[(r·groups + gi)·8 + g].
   float4* sp = reinterpret_cast<float4*>(dyn_smem);
   uint2* xh = reinterpret_cast<uint2*>(dyn_smem + (SP ? R * groups * 8 : 0));  // XH: x[0, 4i..4i+3]·kXhScale as f16
-  float* xsum = reinterpret_cast<float*>(xh + (XH ? in / 4 : 0));  // XS: Σ of group gi's staged x
 
   uint4 cwA[R][U], cwB[R][U];
   float4 ptA[R][U], ptB[R][U];
@@ -315,25 +290,14 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   grid_dep_wait();
   if (trigger) launch_dependents();
   if constexpr (XH) {
-    // Every thread runs the same trips (XS shuffles): a group's G/4 pieces are G/4 consecutive
-    // lanes of one warp in one trip (G/4 divides 32).
-    for (int i0 = 0; i0 < in / 4; i0 += W * 32) {
-      const int i = i0 + int(threadIdx.x);
-      uint2 h = make_uint2(0, 0);
-      if (i < in / 4) {
-        const uint2 v = reinterpret_cast<const uint2*>(x)[i];
-        const float f0 = __uint_as_float(v.x << 16) * kXhScale, f1 = __uint_as_float(v.x & 0xffff0000u) * kXhScale;
-        const float f2 = __uint_as_float(v.y << 16) * kXhScale, f3 = __uint_as_float(v.y & 0xffff0000u) * kXhScale;
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h.x) : "f"(f1), "f"(f0));
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h.y) : "f"(f3), "f"(f2));
-        xh[i] = h;
-      }
-      if constexpr (XS) {
-        const float2 a = f16x2_to_float2(h.x), b = f16x2_to_float2(h.y);
-        float v = (a.x + a.y) + (b.x + b.y);  // the staged (rounded) values, as the mma sees them
-        for (int o = G / 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (i < in / 4 && i % (G / 4) == 0) xsum[i / (G / 4)] = v;
-      }
+    for (int i = threadIdx.x; i < in / 4; i += W * 32) {
+      const uint2 v = reinterpret_cast<const uint2*>(x)[i];
+      const float f0 = __uint_as_float(v.x << 16) * kXhScale, f1 = __uint_as_float(v.x & 0xffff0000u) * kXhScale;
+      const float f2 = __uint_as_float(v.y << 16) * kXhScale, f3 = __uint_as_float(v.y & 0xffff0000u) * kXhScale;
+      uint2 h;
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h.x) : "f"(f1), "f"(f0));
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h.y) : "f"(f3), "f"(f2));
+      xh[i] = h;
     }
   }
   if constexpr (SP) cp_async_wait_all();
@@ -351,12 +315,11 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
 #pragma unroll
       for (int r = 0; r < R; ++r) cf[r][nt][i] = cq[r][nt][i] = 0.f;
     }
-  // cf += s·cq + b·cx (XS: b·xs, the group's Σx) for row block r; clears cq (the caller clears cx).
-  auto flush = [&](int r, float4 p, float xs) {
+  // cf += s·cq + b·cx for row block r; clears cq (the caller clears cx).
+  auto flush = [&](int r, float4 p) {
     float s0 = p.x, b0 = p.y, s1 = p.z, b1 = p.w;
     if constexpr (FMT == kFP8) s0 *= 1.f / kFp8Unit, s1 *= 1.f / kFp8Unit;
-    if constexpr (XS) b0 = fmaf(8.f, s0, b0), b1 = fmaf(8.f, s1, b1);  // codes decoded as q − 8
-    else if constexpr (FMT == kQ4) b0 = fmaf(-128.f, s0, b0), b1 = fmaf(-128.f, s1, b1);  // as 128 + q
+    if constexpr (FMT == kQ4) b0 = fmaf(-128.f, s0, b0), b1 = fmaf(-128.f, s1, b1);
     if constexpr (XH) s0 *= 1.f / kXhScale, s1 *= 1.f / kXhScale, b0 *= 1.f / kXhScale, b1 *= 1.f / kXhScale;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -365,10 +328,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
       c[1] = fmaf(s0, cq[r][nt][1], c[1]);
       c[2] = fmaf(s1, cq[r][nt][2], c[2]);
       c[3] = fmaf(s1, cq[r][nt][3], c[3]);
-      if constexpr (XS) {  // column 0 (lanes t = 0) is the only one stored: N = 1
-        c[0] = fmaf(b0, xs, c[0]);
-        c[2] = fmaf(b1, xs, c[2]);
-      } else if constexpr (kBias) {
+      if constexpr (kBias) {
         c[0] = fmaf(b0, cx[nt][0], c[0]);
         c[1] = fmaf(b0, cx[nt][1], c[1]);
         c[2] = fmaf(b1, cx[nt][2], c[2]);
@@ -391,13 +351,11 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
       const int k = s * step + warp + W * u;
       if (k >= ktiles) break;
       float4 lp[R];
-      float xs = 0.f;  // XS: Σx of the tile's group
       if constexpr (LP || SP) {
         const uint32_t gi = tpg_shift >= 0 ? uint32_t(k) >> tpg_shift : uint32_t(k) / tpg;
 #pragma unroll
         for (int r = 0; r < R; ++r)
           lp[r] = !tile_group ? zero4f : SP ? sp[(r * groups + int(gi)) * 8 + g] : ld_param(params[r] + gi * 8);
-        if constexpr (XS) xs = tile_group ? xsum[gi] : 0.f;
       }
       uint2 xf[NT][MT];
 #pragma unroll
@@ -414,7 +372,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
       for (int j = 0; j < MT; ++j) {
         const int k0 = k * KT + 16 * j;
         if (k0 >= in) break;
-        if constexpr (kBias && !XS)
+        if constexpr (kBias)
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) mma_x<XH>(cx[nt], ones, xf[nt][j]);
 #pragma unroll
@@ -428,14 +386,13 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
         if (!per_row && !tile_group && ((uint32_t(k0) + 16) % G32 == 0 || j == MT - 1)) {
 #pragma unroll
           for (int r = 0; r < R; ++r)
-            flush(r, SP ? sp[(r * groups + int(uint32_t(k0) / G32)) * 8 + g] : ld_param(params[r] + (uint32_t(k0) / G32) * 8),
-                  XS ? xsum[uint32_t(k0) / G32] : 0.f);
+            flush(r, SP ? sp[(r * groups + int(uint32_t(k0) / G32)) * 8 + g] : ld_param(params[r] + (uint32_t(k0) / G32) * 8));
           clear_cx();
         }
       }
       if (tile_group) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) flush(r, LP || SP ? lp[r] : pt[r][u], xs);
+        for (int r = 0; r < R; ++r) flush(r, LP || SP ? lp[r] : pt[r][u]);
         clear_cx();
       }
     }
@@ -450,7 +407,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   }
   if (per_row)
 #pragma unroll
-    for (int r = 0; r < R; ++r) flush(r, prow[r], 0.f);
+    for (int r = 0; r < R; ++r) flush(r, prow[r]);
 
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -600,9 +557,8 @@ struct QArgs {
   cudaStream_t st;
 };
 
-// Shared memory per CTA without an opt-in attribute, and the most the launches opt in to.
+// Shared memory per CTA without an opt-in attribute.
 constexpr size_t kStaticSmemLimit = 48 << 10;
-constexpr size_t kOptInSmemLimit = 128 << 10;
 
 // Group parameters of the N ≤ 8 decode GEMV in shared memory (SP), unless SALA_CUDA_QGEMV_SP=0
 // (A/B runs against the late loads, LP).
@@ -617,18 +573,10 @@ bool params_in_smem() {
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
           bool XH = false, bool SP = false>
 void qgemv_cfg(const QArgs& a) {
-  const size_t groups = size_t(a.set.part[0].w.in / a.set.part[0].w.group);
-  const size_t smem = (SP ? size_t(R) * groups * 128 : 0) + (XH ? size_t(a.set.part[0].w.in) * 2 : 0) +
-                      (XH && FMT == kQ4 ? groups * 4 : 0);
-  auto kernel = qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP>;
-  if (smem > kStaticSmemLimit) {
-    // Callers pick SP / XH only where they fit the opt-in limit (qgemv_fits).
-    SALA_CUDA_REQUIRE(smem <= kOptInSmemLimit, "qgemv: shared memory over the opt-in limit");
-    static bool opted_in = false;  // one per instantiation; set on the first (eager, uncaptured) call
-    if (!opted_in) {
-      SALA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kOptInSmemLimit)));
-      opted_in = true;
-    }
+  const size_t param_smem = SP ? size_t(R) * size_t(a.set.part[0].w.in / a.set.part[0].w.group) * 128 : 0;
+  const size_t smem = param_smem + (XH ? size_t(a.set.part[0].w.in) * 2 : 0);
+  if constexpr (SP) {  // parameters beyond 48 KB (in / group > 384 per row block): late loads instead
+    if (smem > kStaticSmemLimit) return qgemv_cfg<FMT, NT, R, U, W, MINB, PR, true, TG, XH, false>(a);
   }
   QGemvSet set = a.set;
   unsigned blocks = 0;  // each part's CTAs after the previous part's
@@ -637,7 +585,7 @@ void qgemv_cfg(const QArgs& a) {
     blocks += unsigned(((set.part[i].w.out + 15) / 16 + R - 1) / R);
   }
   set.first[set.count] = blocks;
-  launch_pdl(a.pdl, kernel, dim3(blocks), dim3(W * 32), smem, a.st, set,
+  launch_pdl(a.pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP>, dim3(blocks), dim3(W * 32), smem, a.st, set,
              static_cast<const bf16*>(a.x), int(a.ldx), a.N, int(a.dty == kF32), int(g_trigger && a.pdl));
 }
 
@@ -667,20 +615,6 @@ void qgemv_small(const QArgs& a, int warps) {
     case 16:
       if constexpr (!PR) return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG, false, true>(a);
       return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(a);
-    case 17:  // Q4 at N = 1 (XH): 14 and 15 with x as f16 (others: as 14, 15)
-    case 18:
-      if constexpr (FMT == kQ4 && !PR) {
-        const int64_t G = a.set.part[0].w.group;
-        if (a.N == 1 && G <= 128 && (G & (G - 1)) == 0) {
-          if (g_small_variant == 17) return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG, true, true>(a);
-          return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, true, true>(a);
-        }
-      }
-      if constexpr (!PR) {
-        if (g_small_variant == 17) return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG, false, true>(a);
-        return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, false, true>(a);
-      }
-      return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, true, TG>(a);
     default: break;
   }
   switch (warps) {  // fixed warp counts (tests, benchmarks)
@@ -714,18 +648,9 @@ void qgemv_small(const QArgs& a, int warps) {
     }
     return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(a);
   }
-  // Grouped formats: the group parameters in shared memory (SP) unless SALA_CUDA_QGEMV_SP=0; Q4 at
-  // N = 1 with power-of-two groups ≤ 128 also stages x as f16 and its group sums (XH).
+  // Grouped formats: the group parameters in shared memory (SP) unless SALA_CUDA_QGEMV_SP=0.
   if constexpr (!PR) {
-    const int64_t in = a.set.part[0].w.in, G = a.set.part[0].w.group, param_bytes = in / G * 128;
-    if constexpr (FMT == kQ4) {
-      if (a.N == 1 && params_in_smem() && G <= 128 && (G & (G - 1)) == 0 &&
-          param_bytes + in * 2 + in / G * 4 <= int64_t(kOptInSmemLimit)) {
-        if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, true, true>(a);
-        return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG, true, true>(a);
-      }
-    }
-    if (params_in_smem() && param_bytes <= int64_t(kOptInSmemLimit)) {
+    if (params_in_smem()) {
       if constexpr (FMT == kQ4 && TG) {
         if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, false, true>(a);
         return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG, false, true>(a);
