@@ -222,21 +222,16 @@ __device__ __forceinline__ void mma_acc(float d[4], const uint32_t a[4], uint2 b
 // copied into shared memory with cp.async before griddepcontrol.wait, so a tile's flush reads
 // them from shared memory instead of waiting on a global load of its own (LP put one memory
 // latency per tile on each warp's critical path).
-// RG > 0: the codes stream through a per-warp shared-memory ring of RG stages filled by cp.async
-// (RG − 1 stages in flight while one is decoded) instead of two register stages: the bytes in
-// flight per SM are no longer bounded by the 64-register budget (the register path holds 2·U·16
-// bytes per lane; the bf16 GEMV, at 4 TB/s, holds 128). Per-row formats or SP only.
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
-          bool XH = false, bool SP = false, int RG = 0>
+          bool XH = false, bool SP = false>
 __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const bf16* __restrict__ x, int ldx,
                                                         int N, int y_f32, int trigger) {
   constexpr int KT = tile_k(FMT), MT = KT / 16;
   constexpr bool kBias = FMT != kFP8;
   static_assert(!XH || (NT == 1 && FMT != kQ4), "qgemv XH: one n-tile, FP8 or Q8");
   static_assert(!(SP && (PR || LP)), "qgemv SP: grouped formats, instead of LP");
-  static_assert(RG == 0 || SP || PR, "qgemv ring: parameters per row or in shared memory");
   __shared__ float red[W][R * 16][NT * 8];
-  extern __shared__ uint4 dyn_smem[];  // SP: the parameters, XH: x, RG: the code rings
+  extern __shared__ uint4 dyn_smem[];  // SP: the parameters, then XH: x
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const PartBlock pb = find_part<R>(set, blockIdx.x);
   const QWeight& w = set.part[pb.part].w;
@@ -260,8 +255,6 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   // SP: row block r's float4 of group gi and lane group g at sp[(r·groups + gi)·8 + g].
   float4* sp = reinterpret_cast<float4*>(dyn_smem);
   uint2* xh = reinterpret_cast<uint2*>(dyn_smem + (SP ? R * groups * 8 : 0));  // XH: x[0, 4i..4i+3]·kXhScale as f16
-  // RG: this warp's ring, stage slot d, row block r, tile u, lane at ring[((d·R + r)·U + u)·32 + lane].
-  uint4* ring = dyn_smem + (SP ? R * groups * 8 : 0) + (XH ? in / 8 : 0) + warp * RG * R * U * 32;
 
   uint4 cwA[R][U], cwB[R][U];
   float4 ptA[R][U], ptB[R][U];
@@ -281,21 +274,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
     }
   };
 
-  // RG: stage s into its ring slot (zeros past the last tile); one commit group per stage.
-  auto issue = [&](int s) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int k = s * step + warp + W * u;
-      const bool ok = s < stages && k < ktiles;
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        cp_async16(smem_addr(ring + (((s % RG) * R + r) * U + u) * 32 + lane), codes[r] + (ok ? k : 0) * 32, ok ? 16 : 0);
-    }
-    cp_async_commit();
-  };
-
-  // Weights never depend on earlier kernels: the first two stages (RG: the ring) are requested
-  // before the wait.
+  // Weights never depend on earlier kernels: the first two stages are requested before the wait.
   if constexpr (SP) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -303,13 +282,8 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
         cp_async16(smem_addr(sp + r * groups * 8 + i), params[r] - g + i, 16);
     cp_async_commit();
   }
-  if constexpr (RG > 0) {
-#pragma unroll
-    for (int d = 0; d < RG; ++d) issue(d);
-  } else {
-    load(0, cwA, ptA);
-    if (stages > 1) load(1, cwB, ptB);
-  }
+  load(0, cwA, ptA);
+  if (stages > 1) load(1, cwB, ptB);
   float4 prow[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) prow[r] = per_row ? ld_param(params[r]) : zero4f;
@@ -326,7 +300,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
       xh[i] = h;
     }
   }
-  if constexpr (SP) cp_async_wait<RG>();  // the parameters' group (the ring's RG groups may still fly)
+  if constexpr (SP) cp_async_wait_all();
   if constexpr (XH || SP) __syncthreads();
 
   // 1.0 in the A type: Σx for the biases through the same mma.
@@ -424,25 +398,12 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
     }
   };
 
-  if constexpr (RG > 0) {
-    for (int s = 0; s < stages; ++s) {
-      cp_async_wait<RG - 1>();  // stage s has landed (each lane reads only its own copies)
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int u = 0; u < U; ++u) cwA[r][u] = ring[(((s % RG) * R + r) * U + u) * 32 + lane];
-      compute(s, cwA, ptA);
-      issue(s + RG);  // into the slot just read: its values were consumed by compute
-    }
-    cp_async_wait_all();  // the zero-filled stages past the end: none outlives the CTA
-  } else {
-    for (int s = 0; s < stages; s += 2) {
-      compute(s, cwA, ptA);
-      if (s + 2 < stages) load(s + 2, cwA, ptA);
-      if (s + 1 >= stages) break;
-      compute(s + 1, cwB, ptB);
-      if (s + 3 < stages) load(s + 3, cwB, ptB);
-    }
+  for (int s = 0; s < stages; s += 2) {
+    compute(s, cwA, ptA);
+    if (s + 2 < stages) load(s + 2, cwA, ptA);
+    if (s + 1 >= stages) break;
+    compute(s + 1, cwB, ptB);
+    if (s + 3 < stages) load(s + 3, cwB, ptB);
   }
   if (per_row)
 #pragma unroll
@@ -596,9 +557,8 @@ struct QArgs {
   cudaStream_t st;
 };
 
-// Shared memory per CTA without an opt-in attribute, and the most the launches opt in to.
+// Shared memory per CTA without an opt-in attribute.
 constexpr size_t kStaticSmemLimit = 48 << 10;
-constexpr size_t kOptInSmemLimit = 160 << 10;
 
 // Group parameters of the N ≤ 8 decode GEMV in shared memory (SP), unless SALA_CUDA_QGEMV_SP=0
 // (A/B runs against the late loads, LP).
@@ -611,21 +571,12 @@ bool params_in_smem() {
 }
 
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
-          bool XH = false, bool SP = false, int RG = 0>
+          bool XH = false, bool SP = false>
 void qgemv_cfg(const QArgs& a) {
   const size_t param_smem = SP ? size_t(R) * size_t(a.set.part[0].w.in / a.set.part[0].w.group) * 128 : 0;
-  const size_t smem = param_smem + (XH ? size_t(a.set.part[0].w.in) * 2 : 0) + size_t(W) * RG * R * U * 512;
-  if constexpr (SP && RG == 0) {  // parameters beyond 48 KB (in / group > 384 per row block): late loads instead
+  const size_t smem = param_smem + (XH ? size_t(a.set.part[0].w.in) * 2 : 0);
+  if constexpr (SP) {  // parameters beyond 48 KB (in / group > 384 per row block): late loads instead
     if (smem > kStaticSmemLimit) return qgemv_cfg<FMT, NT, R, U, W, MINB, PR, true, TG, XH, false>(a);
-  }
-  auto kernel = qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, RG>;
-  if constexpr (RG > 0) {
-    if (smem > kOptInSmemLimit) return qgemv_cfg<FMT, NT, R, U, W, MINB, PR, !SP, TG, XH, false>(a);  // register stages
-    static bool opted_in = false;  // once per instantiation, on the first (eager, never captured) call
-    if (smem > kStaticSmemLimit && !opted_in) {
-      SALA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kOptInSmemLimit)));
-      opted_in = true;
-    }
   }
   QGemvSet set = a.set;
   unsigned blocks = 0;  // each part's CTAs after the previous part's
@@ -634,7 +585,7 @@ void qgemv_cfg(const QArgs& a) {
     blocks += unsigned(((set.part[i].w.out + 15) / 16 + R - 1) / R);
   }
   set.first[set.count] = blocks;
-  launch_pdl(a.pdl, kernel, dim3(blocks), dim3(W * 32), smem, a.st, set,
+  launch_pdl(a.pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP>, dim3(blocks), dim3(W * 32), smem, a.st, set,
              static_cast<const bf16*>(a.x), int(a.ldx), a.N, int(a.dty == kF32), int(g_trigger && a.pdl));
 }
 
@@ -664,13 +615,6 @@ void qgemv_small(const QArgs& a, int warps) {
     case 16:
       if constexpr (!PR) return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG, false, true>(a);
       return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(a);
-    // Code rings (RG stages through shared memory; parameters per row or SP).
-    case 17: return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG, false, !PR, 4>(a);
-    case 18: return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, false, !PR, 4>(a);
-    case 19: return qgemv_cfg<FMT, 1, 1, 1, 4, 8, PR, false, TG, false, !PR, 8>(a);
-    case 20: return qgemv_cfg<FMT, 1, 1, 1, 8, 4, PR, false, TG, false, !PR, 8>(a);
-    case 21: return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, false, !PR, 6>(a);
-    case 22: return qgemv_cfg<FMT, 1, 1, 2, 4, 6, PR, false, TG, false, !PR, 6>(a);
     default: break;
   }
   switch (warps) {  // fixed warp counts (tests, benchmarks)
