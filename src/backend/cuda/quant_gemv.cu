@@ -222,11 +222,8 @@ __device__ __forceinline__ void mma_acc(float d[4], const uint32_t a[4], uint2 b
 // copied into shared memory with cp.async before griddepcontrol.wait, so a tile's flush reads
 // them from shared memory instead of waiting on a global load of its own (LP put one memory
 // latency per tile on each warp's critical path).
-// IL: one accumulator per tile of a stage (U independent mma chains, issued interleaved: mma step
-// j of every tile before step j + 1) instead of one chain through all of a warp's tiles — the
-// warps issue in order, so a single chain stalled each warp on every mma's latency.
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
-          bool XH = false, bool SP = false, bool IL = false>
+          bool XH = false, bool SP = false>
 __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const bf16* __restrict__ x, int ldx,
                                                         int N, int y_f32, int trigger) {
   constexpr int KT = tile_k(FMT), MT = KT / 16;
@@ -309,23 +306,17 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   // 1.0 in the A type: Σx for the biases through the same mma.
   const uint32_t one2 = XH ? 0x3C003C00u : 0x3F803F80u;
   const uint32_t ones[4] = {one2, one2, one2, one2};
-  constexpr int UA = IL ? U : 1;  // accumulator sets
-  float cf[R][NT][4], cq[UA][R][NT][4], cx[UA][NT][4];
+  float cf[R][NT][4], cq[R][NT][4], cx[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
+      cx[nt][i] = 0.f;
 #pragma unroll
-      for (int r = 0; r < R; ++r) cf[r][nt][i] = 0.f;
-#pragma unroll
-      for (int ua = 0; ua < UA; ++ua) {
-        cx[ua][nt][i] = 0.f;
-#pragma unroll
-        for (int r = 0; r < R; ++r) cq[ua][r][nt][i] = 0.f;
-      }
+      for (int r = 0; r < R; ++r) cf[r][nt][i] = cq[r][nt][i] = 0.f;
     }
-  // cf += s·cq + b·cx for accumulator set ua and row block r; clears cq (the caller clears cx).
-  auto flush = [&](int ua, int r, float4 p) {
+  // cf += s·cq + b·cx for row block r; clears cq (the caller clears cx).
+  auto flush = [&](int r, float4 p) {
     float s0 = p.x, b0 = p.y, s1 = p.z, b1 = p.w;
     if constexpr (FMT == kFP8) s0 *= 1.f / kFp8Unit, s1 *= 1.f / kFp8Unit;
     if constexpr (FMT == kQ4) b0 = fmaf(-128.f, s0, b0), b1 = fmaf(-128.f, s1, b1);
@@ -333,28 +324,28 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       float* c = cf[r][nt];
-      c[0] = fmaf(s0, cq[ua][r][nt][0], c[0]);
-      c[1] = fmaf(s0, cq[ua][r][nt][1], c[1]);
-      c[2] = fmaf(s1, cq[ua][r][nt][2], c[2]);
-      c[3] = fmaf(s1, cq[ua][r][nt][3], c[3]);
+      c[0] = fmaf(s0, cq[r][nt][0], c[0]);
+      c[1] = fmaf(s0, cq[r][nt][1], c[1]);
+      c[2] = fmaf(s1, cq[r][nt][2], c[2]);
+      c[3] = fmaf(s1, cq[r][nt][3], c[3]);
       if constexpr (kBias) {
-        c[0] = fmaf(b0, cx[ua][nt][0], c[0]);
-        c[1] = fmaf(b0, cx[ua][nt][1], c[1]);
-        c[2] = fmaf(b1, cx[ua][nt][2], c[2]);
-        c[3] = fmaf(b1, cx[ua][nt][3], c[3]);
+        c[0] = fmaf(b0, cx[nt][0], c[0]);
+        c[1] = fmaf(b0, cx[nt][1], c[1]);
+        c[2] = fmaf(b1, cx[nt][2], c[2]);
+        c[3] = fmaf(b1, cx[nt][3], c[3]);
       }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) cq[ua][r][nt][i] = 0.f;
+      for (int i = 0; i < 4; ++i) cq[r][nt][i] = 0.f;
     }
   };
-  auto clear_cx = [&](int ua) {
+  auto clear_cx = [&]() {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) cx[ua][nt][i] = 0.f;
+      for (int i = 0; i < 4; ++i) cx[nt][i] = 0.f;
   };
 
-  auto compute_chain = [&](int s, const uint4 (&cw)[R][U], const float4 (&pt)[R][U]) {
+  auto compute = [&](int s, const uint4 (&cw)[R][U], const float4 (&pt)[R][U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k = s * step + warp + W * u;
@@ -383,86 +374,28 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
         if (k0 >= in) break;
         if constexpr (kBias)
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma_x<XH>(cx[0][nt], ones, xf[nt][j]);
+          for (int nt = 0; nt < NT; ++nt) mma_x<XH>(cx[nt], ones, xf[nt][j]);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           uint32_t a[4];
           decode_x<FMT, XH>(cw[r][u], j, a);
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma_x<XH>(cq[0][r][nt], a, xf[nt][j]);
+          for (int nt = 0; nt < NT; ++nt) mma_x<XH>(cq[r][nt], a, xf[nt][j]);
         }
         // Groups smaller than a tile (group % 16 == 0): flush at each group end and tile end.
         if (!per_row && !tile_group && ((uint32_t(k0) + 16) % G32 == 0 || j == MT - 1)) {
 #pragma unroll
           for (int r = 0; r < R; ++r)
-            flush(0, r, SP ? sp[(r * groups + int(uint32_t(k0) / G32)) * 8 + g] : ld_param(params[r] + (uint32_t(k0) / G32) * 8));
-          clear_cx(0);
+            flush(r, SP ? sp[(r * groups + int(uint32_t(k0) / G32)) * 8 + g] : ld_param(params[r] + (uint32_t(k0) / G32) * 8));
+          clear_cx();
         }
       }
       if (tile_group) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) flush(0, r, LP || SP ? lp[r] : pt[r][u]);
-        clear_cx(0);
+        for (int r = 0; r < R; ++r) flush(r, LP || SP ? lp[r] : pt[r][u]);
+        clear_cx();
       }
     }
-  };
-
-  // IL: the stage's U tiles side by side, mma step j of each before step j + 1 (x fragments and
-  // tile parameters read where used: the 64-register shapes have no room to hold them ahead).
-  auto compute_il = [&](int s, const uint4 (&cw)[R][U], const float4 (&pt)[R][U]) {
-#pragma unroll
-    for (int j = 0; j < MT; ++j) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int k = s * step + warp + W * u, k0 = k * KT + 16 * j;
-        if (k >= ktiles || k0 >= in) continue;
-        uint2 xf[NT];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const int n = nt * 8 + g, kx = k0 + 4 * t;
-          xf[nt] = XH ? (n == 0 && kx < in ? xh[kx / 4] : make_uint2(0, 0))
-                      : (n < N && kx < in ? *reinterpret_cast<const uint2*>(x + size_t(n) * ldx + kx) : make_uint2(0, 0));
-        }
-        if constexpr (kBias)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma_x<XH>(cx[u][nt], ones, xf[nt]);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          uint32_t a[4];
-          decode_x<FMT, XH>(cw[r][u], j, a);
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma_x<XH>(cq[u][r][nt], a, xf[nt]);
-        }
-      }
-      if (!per_row && !tile_group) {  // groups smaller than a tile: flush at group and tile ends
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int k = s * step + warp + W * u;
-          const uint32_t k0 = uint32_t(k * KT + 16 * j);
-          if (k >= ktiles || k0 >= uint32_t(in) || ((k0 + 16) % G32 != 0 && j != MT - 1)) continue;
-#pragma unroll
-          for (int r = 0; r < R; ++r)
-            flush(u, r, SP ? sp[(r * groups + int(k0 / G32)) * 8 + g] : ld_param(params[r] + (k0 / G32) * 8));
-          clear_cx(u);
-        }
-      }
-    }
-    if (tile_group) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int k = s * step + warp + W * u;
-        if (k >= ktiles) continue;
-        const uint32_t gi = tpg_shift >= 0 ? uint32_t(k) >> tpg_shift : uint32_t(k) / tpg;
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-          flush(u, r, SP ? sp[(r * groups + int(gi)) * 8 + g] : LP ? ld_param(params[r] + gi * 8) : pt[r][u]);
-        clear_cx(u);
-      }
-    }
-  };
-  auto compute = [&](int s, const uint4 (&cw)[R][U], const float4 (&pt)[R][U]) {
-    if constexpr (IL) compute_il(s, cw, pt);
-    else compute_chain(s, cw, pt);
   };
 
   for (int s = 0; s < stages; s += 2) {
@@ -474,9 +407,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   }
   if (per_row)
 #pragma unroll
-    for (int ua = 0; ua < UA; ++ua)
-#pragma unroll
-      for (int r = 0; r < R; ++r) flush(ua, r, prow[r]);
+    for (int r = 0; r < R; ++r) flush(r, prow[r]);
 
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -629,16 +560,6 @@ struct QArgs {
 // Shared memory per CTA without an opt-in attribute.
 constexpr size_t kStaticSmemLimit = 48 << 10;
 
-// One accumulator chain through all of a warp's tiles (the kernel before IL), with
-// SALA_CUDA_QGEMV_IL=0: A/B runs.
-bool chain_accumulators() {
-  static const bool on = [] {
-    const char* e = std::getenv("SALA_CUDA_QGEMV_IL");
-    return e && std::atoi(e) == 0;
-  }();
-  return on;
-}
-
 // Group parameters of the N ≤ 8 decode GEMV in shared memory (SP), unless SALA_CUDA_QGEMV_SP=0
 // (A/B runs against the late loads, LP).
 bool params_in_smem() {
@@ -650,12 +571,12 @@ bool params_in_smem() {
 }
 
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
-          bool XH = false, bool SP = false, bool IL = false>
+          bool XH = false, bool SP = false>
 void qgemv_cfg(const QArgs& a) {
   const size_t param_smem = SP ? size_t(R) * size_t(a.set.part[0].w.in / a.set.part[0].w.group) * 128 : 0;
   const size_t smem = param_smem + (XH ? size_t(a.set.part[0].w.in) * 2 : 0);
   if constexpr (SP) {  // parameters beyond 48 KB (in / group > 384 per row block): late loads instead
-    if (smem > kStaticSmemLimit) return qgemv_cfg<FMT, NT, R, U, W, MINB, PR, true, TG, XH, false, IL>(a);
+    if (smem > kStaticSmemLimit) return qgemv_cfg<FMT, NT, R, U, W, MINB, PR, true, TG, XH, false>(a);
   }
   QGemvSet set = a.set;
   unsigned blocks = 0;  // each part's CTAs after the previous part's
@@ -664,57 +585,8 @@ void qgemv_cfg(const QArgs& a) {
     blocks += unsigned(((set.part[i].w.out + 15) / 16 + R - 1) / R);
   }
   set.first[set.count] = blocks;
-  launch_pdl(a.pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, IL>, dim3(blocks), dim3(W * 32), smem, a.st, set,
+  launch_pdl(a.pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP>, dim3(blocks), dim3(W * 32), smem, a.st, set,
              static_cast<const bf16*>(a.x), int(a.ldx), a.N, int(a.dty == kF32), int(g_trigger && a.pdl));
-}
-
-// N ≤ 8, automatic launch shape; IL: one accumulator chain per tile of a stage.
-template <int FMT, bool PR, bool TG, bool IL>
-void qgemv_small_auto(const QArgs& a) {
-  // Automatic, from the launch-shape sweeps (H200, 2026-11-25, bench/results/2026-11-25-h200-qgemv-sweep.md).
-  // Per-row FP8/Q8 fit 64 registers with 2 tiles per stage (no spills): 8 CTAs of 4 warps per SM
-  // put a 1024-row-block matrix in one wave (fp8 16384×4096: 34.6 → 25.3 µs; at N = 1 4 tiles per
-  // stage still fit, 22.2 µs), few row blocks take 16 warps per CTA (fp8 4096×16384: 33.0 →
-  // 23.1 µs). Grouped formats (Q4, MLX Q8) spill at 64 registers: 8 warps of 4 tiles per stage.
-  // The lm_head (73448 rows): 4 warps of 4 tiles.
-  if constexpr (PR && (FMT == kFP8 || FMT == kQ8)) {
-    // N = 1: x as f16 in shared memory (≤ 48 KB), the lean f16 decode (XH).
-    if (a.N == 1 && a.set.part[0].w.in <= 24576) {
-      if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, true, false, IL>(a);
-      if (a.rows <= 32768) {
-        if constexpr (FMT == kFP8) return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, false, TG, true, false, IL>(a);
-        return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG, true, false, IL>(a);
-      }
-      return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG, true, false, IL>(a);
-    }
-    // Q8 took v8 (one CTA per SM) until the grouped launch: v8 then measured 11.5 / 36.2 µs
-    // (4096² / 4096×16384) against v6's 8.3 / 24.7 (sweep of commit e29901f, H200).
-    if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, false, false, IL>(a);
-    if (a.rows <= 32768) {
-      if (FMT == kFP8 && a.N == 1) return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, false, TG, false, false, IL>(a);
-      return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG, false, false, IL>(a);
-    }
-    return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG, false, false, IL>(a);
-  }
-  // Grouped formats: the group parameters in shared memory (SP) unless SALA_CUDA_QGEMV_SP=0.
-  if constexpr (!PR) {
-    if (params_in_smem()) {
-      if constexpr (FMT == kQ4 && TG) {
-        if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, false, true, IL>(a);
-        return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG, false, true, IL>(a);
-      }
-      if (a.rows > 16384) return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG, false, true, IL>(a);
-      return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG, false, true, IL>(a);
-    }
-  }
-  // Q4 in tile groups (group 64 or 128): late group parameters fit 64 registers (16 bytes of
-  // spills), third sweep: 16384×4096 22.3 → 19.8 µs, 4096×16384 22.1 → 18.8, lm_head 91.4 → 72.4.
-  if constexpr (FMT == kQ4 && TG) {
-    if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, true, TG, false, false, IL>(a);
-    return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, true, TG, false, false, IL>(a);
-  }
-  if (a.rows > 16384) return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG, false, false, IL>(a);
-  return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG, false, false, IL>(a);
 }
 
 // N ≤ 8: one n-tile, one row block per CTA; the launch shape by format and size.
@@ -743,7 +615,6 @@ void qgemv_small(const QArgs& a, int warps) {
     case 16:
       if constexpr (!PR) return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG, false, true>(a);
       return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(a);
-    case 17: return qgemv_small_auto<FMT, PR, TG, false>(a);  // the automatic shape, one accumulator chain
     default: break;
   }
   switch (warps) {  // fixed warp counts (tests, benchmarks)
@@ -752,8 +623,50 @@ void qgemv_small(const QArgs& a, int warps) {
     case 4: return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(a);
     default: break;
   }
-  if (chain_accumulators()) return qgemv_small_auto<FMT, PR, TG, false>(a);
-  return qgemv_small_auto<FMT, PR, TG, true>(a);
+  // Automatic, from the launch-shape sweeps (H200, 2026-11-25, bench/results/2026-11-25-h200-qgemv-sweep.md).
+  // Per-row FP8/Q8 fit 64 registers with 2 tiles per stage (no spills): 8 CTAs of 4 warps per SM
+  // put a 1024-row-block matrix in one wave (fp8 16384×4096: 34.6 → 25.3 µs; at N = 1 4 tiles per
+  // stage still fit, 22.2 µs), few row blocks take 16 warps per CTA (fp8 4096×16384: 33.0 →
+  // 23.1 µs). Grouped formats (Q4, MLX Q8) spill at 64 registers: 8 warps of 4 tiles per stage.
+  // The lm_head (73448 rows): 4 warps of 4 tiles.
+  if constexpr (PR && (FMT == kFP8 || FMT == kQ8)) {
+    // N = 1: x as f16 in shared memory (≤ 48 KB), the lean f16 decode (XH).
+    if (a.N == 1 && a.set.part[0].w.in <= 24576) {
+      if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, true>(a);
+      if (a.rows <= 32768) {
+        if constexpr (FMT == kFP8) return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, false, TG, true>(a);
+        return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG, true>(a);
+      }
+      return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG, true>(a);
+    }
+    // Q8 took v8 (one CTA per SM) until the grouped launch: v8 then measured 11.5 / 36.2 µs
+    // (4096² / 4096×16384) against v6's 8.3 / 24.7 (sweep of commit e29901f, H200).
+    if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG>(a);
+    if (a.rows <= 32768) {
+      if (FMT == kFP8 && a.N == 1) return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, false, TG>(a);
+      return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG>(a);
+    }
+    return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(a);
+  }
+  // Grouped formats: the group parameters in shared memory (SP) unless SALA_CUDA_QGEMV_SP=0.
+  if constexpr (!PR) {
+    if (params_in_smem()) {
+      if constexpr (FMT == kQ4 && TG) {
+        if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, false, true>(a);
+        return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG, false, true>(a);
+      }
+      if (a.rows > 16384) return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG, false, true>(a);
+      return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG, false, true>(a);
+    }
+  }
+  // Q4 in tile groups (group 64 or 128): late group parameters fit 64 registers (16 bytes of
+  // spills), third sweep: 16384×4096 22.3 → 19.8 µs, 4096×16384 22.1 → 18.8, lm_head 91.4 → 72.4.
+  if constexpr (FMT == kQ4 && TG) {
+    if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, true, TG>(a);
+    return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, true, TG>(a);
+  }
+  if (a.rows > 16384) return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(a);
+  return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(a);
 }
 
 template <int FMT>
