@@ -100,7 +100,7 @@ const Fmt kFormats[] = {
     {"fp8", QuantFormat::FP8, 0, false, 4},          {"int8", QuantFormat::INT8, 0, false, 4},
     {"int4 g64 zp", QuantFormat::INT4, 64, true, 4}, {"int4 g32 sym", QuantFormat::INT4, 32, false, 4},
     {"mlx4 g64", QuantFormat::MLX, 64, false, 4},    {"mlx8 g32", QuantFormat::MLX, 32, false, 8},
-    {"mlx8 g48", QuantFormat::MLX, 48, false, 8},
+    {"mlx8 g48", QuantFormat::MLX, 48, false, 8},    {"int4 g128 zp", QuantFormat::INT4, 128, true, 4},
 };
 
 // The CUDA packed format of a test format (int4 zero points and symmetric: both Q4).
