@@ -366,19 +366,22 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
         for (int r = 0; r < R; ++r)
           lp[r] = !tile_group ? zero4f : SP ? sp[(r * groups + int(gi)) * 8 + g] : ld_param(params[r] + gi * 8);
       }
+      // A tile inside the matrix (always, for tile groups) loads x and runs its mma steps without
+      // a bounds test per step: the tests' branches also put a WARPSYNC before every mma.sync.
+      const bool full = TG || (k + 1) * KT <= in;
+      // B columns n ≥ N (XH: n ≥ 1) are never stored: they read x row min(n, N − 1) (XH: the staged
+      // row) instead of a predicated zero, one select fewer per load.
       uint2 xf[NT][MT];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const int n = nt * 8 + g;
+        const bf16* xr = x + size_t(min(nt * 8 + g, N - 1)) * ldx;
 #pragma unroll
         for (int j = 0; j < MT; ++j) {
           const int k0 = k * KT + 16 * j + 4 * t;
-          xf[nt][j] = XH ? (n == 0 && k0 < in ? xh[k0 / 4] : make_uint2(0, 0))
-                         : (n < N && k0 < in ? *reinterpret_cast<const uint2*>(x + size_t(n) * ldx + k0) : make_uint2(0, 0));
+          const bool ok = full || k0 < in;
+          xf[nt][j] = !ok ? make_uint2(0, 0) : XH ? xh[k0 / 4] : *reinterpret_cast<const uint2*>(xr + k0);
         }
       }
-      // A tile inside the matrix (always for tile groups) runs its mma steps without a bounds test
-      // per step: the tests' branches also made every mma.sync wait on a WARPSYNC.
       auto mma_step = [&](int j) {
         const int k0 = k * KT + 16 * j;
         if constexpr (kBias)
@@ -399,9 +402,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
           clear_cx();
         }
       };
-      // A tile inside the matrix (always, for tile groups) runs its mma steps without a bounds
-      // test per step: the tests' branches also put a WARPSYNC before every mma.sync.
-      if (TG || (k + 1) * KT <= in) {
+      if (full) {
 #pragma unroll
         for (int j = 0; j < MT; ++j) mma_step(j);
       } else {
