@@ -637,6 +637,11 @@ void qgemv_small(const QArgs& a, int warps) {
     case 16:
       if constexpr (!PR) return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG, false, true>(a);
       return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(a);
+    // Two row blocks per CTA (the x fragments and the Σx mma shared by both; SP for grouped formats).
+    case 17: return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, false, !PR>(a);
+    case 18: return qgemv_cfg<FMT, 1, 2, 1, 16, 2, PR, false, TG, false, !PR>(a);
+    case 19: return qgemv_cfg<FMT, 1, 2, 2, 4, 4, PR, false, TG, false, !PR>(a);
+    case 20: return qgemv_cfg<FMT, 1, 2, 1, 4, 8, PR, false, TG, false, !PR>(a);
     default: break;
   }
   switch (warps) {  // fixed warp counts (tests, benchmarks)
