@@ -10,7 +10,7 @@
 //   2.2 µs, about twice the ~1 µs load latency under load: small matrices are latency bound, so
 //   every byte should be requested at once (each SM owns ~80 KB of it).
 //
-// Kernel: a CTA owns R row blocks of 16 rows (R = 1, or 2 for N > 8); its W warps take the
+// Kernel: a CTA owns R row blocks of 16 rows (R = 2 above 8192 rows or for N > 8); its W warps take the
 // tiles in turn, U tiles per stage and two stages in flight (U, W and a minimum of CTAs per SM
 // form the launch shape, chosen per format and size in qgemv_small from measured sweeps): the codes and params of stage s+1
 // (and, before griddepcontrol.wait, of stages 0 and 1: weights never depend on the previous
@@ -24,10 +24,15 @@
 // b − 128·s (the cancellation of 128·Σx costs ~3 bits of the fp32 sums: ~3e-6 relative, far under
 // bf16 rounding). FP8 goes through the sm_89+ e4m3x2 → f16x2 conversion (exact; older targets
 // shift the e4m3 bits into an f16, e4m3·2^-8, and scale by 256).
-// Instruction budget per 512-byte tile and warp (Q4, N ≤ 8): 1 code + 1 param 16-byte load,
-// 4 x loads, 28 lop3/shift, 8 mma, 10 FMA ≈ 55, against ~31 clk × 4 schedulers per SM at full
-// bandwidth; the integer pipe (half rate) runs ~45% busy. Q8: ~40 decode ops per tile (PRMT,
-// FADD) against ~25 clk; FP8 ~32.
+// Instructions are the limit, not bytes in flight: at full bandwidth an SM must retire a 512-byte
+// tile every ~25–31 clk, i.e. ≤ ~120 warp instructions per tile at perfect issue and ~60 at the
+// ~50% issue rate these dependent chains reach. Nsight Compute (int4 16384×4096) counted 153 per
+// tile before the nibble decode became one lop3 per pair (nibbles_or) and full tiles lost their
+// per-step bounds branches (each of which also put a WARPSYNC before the mma.sync); now per tile:
+// 4 × (3 shifts + 4 lop3 + 2 mma) + 4 x loads + the flush (~15) ≈ 60 — int4 2.0 → 2.8 TB/s.
+// Shared-memory code rings (more bytes in flight), an f16 Q4 path without the all-ones mma and
+// one accumulator chain per tile were each measured slower (bench/results/2026-11-25-h200-quant-r2.md).
+// Two row blocks per CTA share the x loads and the Σx mma: the automatic shape above 8192 rows.
 // N = 1, per-row FP8 and Q8 (XH, the automatic shapes): x is staged once per CTA in shared memory
 // as f16·2^-4 and the mma runs in f16, so the A fragment costs one conversion per e4m3 pair
 // (cvt.rn.f16x2.e4m3x2) or a prmt under an f16 exponent and a subtraction per int8 pair instead of
