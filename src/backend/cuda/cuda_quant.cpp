@@ -7,6 +7,7 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -26,7 +27,16 @@ namespace {
 
 // Dequantized row blocks for cuBLAS. Allocated once at the first packed load and never grown, so
 // its address stays fixed for CUDA graphs; 32 MiB holds 4096 rows of 4096 or 1024 of 16384.
+// SALA_CUDA_QSCRATCH_MIB (32–1024) sets another size: A/B runs of the prefill path.
 constexpr size_t kQScratchBytes = size_t(32) << 20;
+size_t qscratch_bytes() {
+  static const size_t bytes = [] {
+    const char* e = std::getenv("SALA_CUDA_QSCRATCH_MIB");
+    const long mib = e ? std::atol(e) : 0;
+    return mib >= 32 && mib <= 1024 ? size_t(mib) << 20 : kQScratchBytes;
+  }();
+  return bytes;
+}
 
 constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
@@ -59,7 +69,7 @@ Weight CudaBackend::alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t gr
   w.group = group;
   w.scales = base + align256(code_bytes);
   w.packed_bytes = code_bytes + param_bytes;  // padding rows/columns included: a product reads them
-  if (qscratch_.capacity() == 0) qscratch_.reserve(kQScratchBytes);
+  if (qscratch_.capacity() == 0) qscratch_.reserve(qscratch_bytes());
   return w;
 }
 
