@@ -179,7 +179,7 @@ int run_bench(int argc, char** argv) {
           be.upload(x, xh.data());
           std::string line = std::string("qgemv sweep ") + f.name + " " + std::to_string(out) + "x" + std::to_string(in) +
                              " N=" + std::to_string(n) + ":";
-          for (int v = 0; v <= 20; ++v) {
+          for (int v = 0; v <= 21; ++v) {
             if (v >= 9 && v <= 16 && f.f != WeightFormat::Q4) continue;  // late / shared-memory parameters: grouped formats
             sala::cuda::set_qgemv_small_variant(v);
             char buf[64];

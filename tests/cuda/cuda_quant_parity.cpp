@@ -194,7 +194,7 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
           }
         }
         if (n <= 8 && !s.big) {
-          for (int v = 1; v <= 20; ++v) {  // every fixed N ≤ 8 launch shape (tiles/stage, warps, CTAs/SM, late or shared-memory params, row blocks)
+          for (int v = 1; v <= 21; ++v) {  // every fixed N ≤ 8 launch shape (tiles/stage, warps, CTAs/SM, late or shared-memory params, row blocks)
             cuda::set_qgemv_small_variant(v);
             e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::F32), ref);
             cuda::set_qgemv_small_variant(0);

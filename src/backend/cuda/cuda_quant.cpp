@@ -26,9 +26,11 @@ namespace sala {
 namespace {
 
 // Dequantized row blocks for cuBLAS. Allocated once at the first packed load and never grown, so
-// its address stays fixed for CUDA graphs; 32 MiB holds 4096 rows of 4096 or 1024 of 16384.
-// SALA_CUDA_QSCRATCH_MIB (32–1024) sets another size: A/B runs of the prefill path.
-constexpr size_t kQScratchBytes = size_t(32) << 20;
+// its address stays fixed for CUDA graphs; 128 MiB holds a whole 16384×4096 or 4096×16384
+// matrix, one GEMM each (32 MiB slabs: 4K prefill fp8 25615 → 29455 tok/s, int4 27396 → 29317,
+// same H200; bench/results/2026-11-25-h200-quant-r2.md). SALA_CUDA_QSCRATCH_MIB (32–1024) sets
+// another size: A/B runs of the prefill path.
+constexpr size_t kQScratchBytes = size_t(128) << 20;
 size_t qscratch_bytes() {
   static const size_t bytes = [] {
     const char* e = std::getenv("SALA_CUDA_QSCRATCH_MIB");

@@ -647,6 +647,11 @@ void qgemv_small(const QArgs& a, int warps) {
     case 18: return qgemv_cfg<FMT, 1, 2, 1, 16, 2, PR, false, TG, false, !PR>(a);
     case 19: return qgemv_cfg<FMT, 1, 2, 2, 4, 4, PR, false, TG, false, !PR>(a);
     case 20: return qgemv_cfg<FMT, 1, 2, 1, 4, 8, PR, false, TG, false, !PR>(a);
+    case 21:  // 17 with x as f16 (XH) for per-row FP8/Q8 at N = 1 (otherwise as 17)
+      if constexpr (PR && FMT != kQ4) {
+        if (a.N == 1 && a.set.part[0].w.in <= 24576) return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, true>(a);
+      }
+      return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, false, !PR>(a);
     default: break;
   }
   switch (warps) {  // fixed warp counts (tests, benchmarks)
@@ -664,8 +669,10 @@ void qgemv_small(const QArgs& a, int warps) {
   if constexpr (PR && (FMT == kFP8 || FMT == kQ8)) {
     // Above 8192 rows, two row blocks per CTA (sweep of b305d9c+1: fp8 16384×4096 19.2 → 18.5 µs
     // at N = 1, 23.7 → 19.0 at N = 8; int8 24.3 → 20.5; int8 lm_head 88.9 → 81.8).
-    if (a.rows > 8192 && (a.rows <= 32768 || FMT == kQ8 || a.N > 1))
+    if (a.rows > 8192 && (a.rows <= 32768 || FMT == kQ8 || a.N > 1)) {
+      if (a.N == 1 && a.set.part[0].w.in <= 24576) return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, true>(a);
       return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG>(a);
+    }
     // N = 1: x as f16 in shared memory (≤ 48 KB), the lean f16 decode (XH).
     if (a.N == 1 && a.set.part[0].w.in <= 24576) {
       if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, true>(a);
