@@ -351,7 +351,10 @@ TEST(QuantErrors, MalformedCheckpointsNameTheTensorOrField) {
 
 // The quality table of bench/results/quant-quality-cpu.md: the tiny golden model (f32) against its
 // quantized versions over 2048 positions (prefill in chunks of 256, then 64 decode steps).
-// SALA_QUANT_QUALITY_PRESET=small also runs a random `small` preset checkpoint (slow).
+// SALA_QUANT_QUALITY_PRESET=small also runs a random `small` preset checkpoint (slow);
+// SALA_QUANT_QUALITY_PRESET=9b-slice a random checkpoint of the 9B preset's widths (hidden 4096,
+// intermediate 16384, vocabulary 73448, its heads) with 2 of its 32 layers, one of each kind (~1.1B
+// parameters, 4.6 GB in f32: minutes on 2 cores).
 TEST(QuantQuality, TinyGoldenModel) {
   TmpDir tmp;
   const fs::path golden = fs::path(SALA_TEST_DATA) / "golden/tiny";
@@ -365,6 +368,13 @@ TEST(QuantQuality, TinyGoldenModel) {
   if (const char* p = std::getenv("SALA_QUANT_QUALITY_PRESET"); p && std::string(p) == "small") {
     write_random_checkpoint(tmp.path / "small", preset_config("small"), {.seed = 5, .dtype = DType::F32});
     models.push_back({"small preset (random weights, f32, seed 5)", tmp.path / "small", 1024});
+  } else if (p && std::string(p) == "9b-slice") {
+    ModelConfig c = preset_config("9b");
+    c.num_layers = 2;
+    c.mixers = {MixerKind::Sparse, MixerKind::Lightning};
+    c.validate("9b slice");
+    write_random_checkpoint(tmp.path / "9b-slice", c, {.seed = 9, .dtype = DType::F32});
+    models.push_back({"9B-shaped slice, 2 layers (random weights, f32, seed 9)", tmp.path / "9b-slice", 1024});
   }
   const std::pair<const char*, QuantizeOptions> formats[] = {
       {"fp8 e4m3 / channel", {QuantFormat::FP8, 0, false, 4}},
