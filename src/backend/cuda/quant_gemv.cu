@@ -384,7 +384,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
         for (int j = 0; j < MT; ++j) {
           const int k0 = k * KT + 16 * j + 4 * t;
           const bool ok = full || k0 < in;
-          xf[nt][j] = !ok ? make_uint2(0, 0) : XH ? xh[k0 / 4] : *reinterpret_cast<const uint2*>(xr + k0);
+          xf[nt][j] = !ok ? make_uint2(0, 0) : XH ? xh[unsigned(k0) / 4] : *reinterpret_cast<const uint2*>(xr + k0);
         }
       }
       auto mma_step = [&](int j) {
