@@ -54,7 +54,7 @@ void check_packable(WeightFormat f, int64_t rows, int64_t cols, int64_t group, c
              "cuda: {}: {} group size {} is not a multiple of 16 (one mma step of the packed GEMV must lie in one "
              "group)",
              name, weight_format_name(f), group);
-  SALA_CHECK(size_t(cols) * 2 * 16 <= kQScratchBytes && rows < (int64_t(1) << 31),
+  SALA_CHECK(size_t(cols) * 2 * 16 <= qscratch_bytes() && rows < (int64_t(1) << 31),
              "cuda: {}: packed matrix [{}, {}] too large", name, rows, cols);
 }
 

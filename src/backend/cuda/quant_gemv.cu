@@ -587,6 +587,9 @@ struct QArgs {
 // Shared memory per CTA without an opt-in attribute.
 constexpr size_t kStaticSmemLimit = 48 << 10;
 
+// The XH path (x staged as f16 in shared memory): one row of x, in · 2 bytes within 48 KB.
+bool xh_fits(const QArgs& a) { return a.N == 1 && a.set.part[0].w.in <= 24576; }
+
 // Group parameters of the N ≤ 8 decode GEMV in shared memory (SP), unless SALA_CUDA_QGEMV_SP=0
 // (A/B runs against the late loads, LP).
 bool params_in_smem() {
@@ -633,15 +636,10 @@ void qgemv_small(const QArgs& a, int warps) {
     case 11: return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, true, TG>(a);
     case 12: return qgemv_cfg<FMT, 1, 1, 2, 8, 4, PR, true, TG>(a);
     case 13: return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, true, TG>(a);
-    case 14:  // 9, 10, 5 with the parameters in shared memory (SP; per-row formats: as 9, 10, 5)
-      if constexpr (!PR) return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG, false, true>(a);
-      return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, true, TG>(a);
-    case 15:
-      if constexpr (!PR) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, false, true>(a);
-      return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, true, TG>(a);
-    case 16:
-      if constexpr (!PR) return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG, false, true>(a);
-      return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(a);
+    // 9, 10, 5 with the parameters in shared memory (SP; per-row formats have none: as 2, 6, 5).
+    case 14: return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG, false, !PR>(a);
+    case 15: return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, false, !PR>(a);
+    case 16: return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG, false, !PR>(a);
     // Two row blocks per CTA (the x fragments and the Σx mma shared by both; SP for grouped formats).
     case 17: return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, false, !PR>(a);
     case 18: return qgemv_cfg<FMT, 1, 2, 1, 16, 2, PR, false, TG, false, !PR>(a);
@@ -649,7 +647,7 @@ void qgemv_small(const QArgs& a, int warps) {
     case 20: return qgemv_cfg<FMT, 1, 2, 1, 4, 8, PR, false, TG, false, !PR>(a);
     case 21:  // 17 with x as f16 (XH) for per-row FP8/Q8 at N = 1 (otherwise as 17)
       if constexpr (PR && FMT != kQ4) {
-        if (a.N == 1 && a.set.part[0].w.in <= 24576) return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, true>(a);
+        if (xh_fits(a)) return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, true>(a);
       }
       return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, false, !PR>(a);
     default: break;
@@ -670,11 +668,11 @@ void qgemv_small(const QArgs& a, int warps) {
     // Above 8192 rows, two row blocks per CTA (sweep of b305d9c+1: fp8 16384×4096 19.2 → 18.5 µs
     // at N = 1, 23.7 → 19.0 at N = 8; int8 24.3 → 20.5; int8 lm_head 88.9 → 81.8).
     if (a.rows > 8192 && (a.rows <= 32768 || FMT == kQ8 || a.N > 1)) {
-      if (a.N == 1 && a.set.part[0].w.in <= 24576) return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, true>(a);
+      if (xh_fits(a)) return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, true>(a);
       return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG>(a);
     }
     // N = 1: x as f16 in shared memory (≤ 48 KB), the lean f16 decode (XH).
-    if (a.N == 1 && a.set.part[0].w.in <= 24576) {
+    if (xh_fits(a)) {
       if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, true>(a);
       if (a.rows <= 32768) {
         if constexpr (FMT == kFP8) return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, false, TG, true>(a);
