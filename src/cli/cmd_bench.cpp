@@ -90,6 +90,7 @@ Runner setup(CLI::App& app) {
     int64_t chunk = 4096, batch_context = 4096;
     int decode_steps = 32;
     uint64_t seed = 0;
+    bool quant_lm_head = false;
     BackendOptions backend;
     ServeBenchOptions serve;
     SpeculativeCostOptions speculative_costs;
@@ -102,6 +103,7 @@ Runner setup(CLI::App& app) {
   app.add_option("--quant", o->quant, "with --random: packed projections fp8, int8 (per row) or int4 (group 64), "
                                      "as `sala quantize` writes them (docs/quantization.md)")
       ->check(CLI::IsMember({"none", "fp8", "int8", "int4"}));
+  app.add_flag("--quant-lm-head", o->quant_lm_head, "with --quant: lm_head packed too (`sala quantize --lm-head`)");
   app.add_option("--contexts", o->contexts, "batch-1 context lengths, e.g. 1k,4k,128k,1m");
   app.add_option("--batches", o->batches, "batch sizes for batched decode (at --batch-context each)");
   app.add_option("--batch-context", o->batch_context, "context of every sequence in the batched rows");
@@ -165,8 +167,12 @@ Runner setup(CLI::App& app) {
     LoadedModel m;
     std::string model_name;
     if (!o->random.empty()) {
-      m = random_model(o->random, *backend, limits, o->seed, parse_random_quant(o->quant));
-      model_name = "random " + o->random + (o->quant == "none" ? "" : " " + o->quant);
+      RandomQuant quant = parse_random_quant(o->quant);
+      SALA_CHECK(!o->quant_lm_head || quant.format != WeightFormat::Dense, "bench: --quant-lm-head needs --quant");
+      quant.lm_head = o->quant_lm_head;
+      m = random_model(o->random, *backend, limits, o->seed, quant);
+      model_name = "random " + o->random + (o->quant == "none" ? "" : " " + o->quant) +
+                   (o->quant_lm_head ? " (lm_head too)" : "");
     } else {
       SALA_CHECK(o->quant == "none", "bench: --quant goes with --random (a quantized MODEL says its own format)");
       m = load_model_verbose(o->model, *backend, limits);

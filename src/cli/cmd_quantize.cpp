@@ -1,4 +1,4 @@
-// sala quantize IN OUT --format fp8|int8|int4 [--group N] [--symmetric]: converts a checkpoint to
+// sala quantize IN OUT --format fp8|int8|int4 [--group N] [--symmetric] [--lm-head]: converts a checkpoint to
 // a quantized one (docs/quantization.md), one tensor at a time, and prints the error of every
 // quantized tensor (relative Frobenius error, max abs error) and the total.
 #include <cstdio>
@@ -14,7 +14,7 @@ Runner setup(CLI::App& app) {
   struct Opts {
     std::string in, out, format;
     int group = 64;
-    bool symmetric = false, quiet = false;
+    bool symmetric = false, quiet = false, lm_head = false;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("IN", o->in, "model directory (config.json + safetensors, bf16 or f32)")->required();
@@ -26,12 +26,16 @@ Runner setup(CLI::App& app) {
       ->check(CLI::IsMember({32, 64, 128, 256}));
   app.add_flag("--symmetric", o->symmetric,
                "int4: symmetric groups without zero points (default: zero points, measured more accurate)");
+  app.add_flag("--lm-head", o->lm_head,
+               "quantize lm_head too (default: kept; it is 10% of an int4 decode step's bytes, and its error goes "
+               "straight into the logits: see `sala quant-quality`)");
   app.add_flag("--quiet", o->quiet, "print only the total");
   return [o] {
     QuantizeOptions opt;
     opt.format = o->format == "fp8" ? QuantFormat::FP8 : o->format == "int8" ? QuantFormat::INT8 : QuantFormat::INT4;
     opt.group_size = o->group;
     opt.zero_points = opt.format == QuantFormat::INT4 && !o->symmetric;
+    opt.lm_head = o->lm_head;
     SALA_CHECK(!o->symmetric || opt.format == QuantFormat::INT4, "--symmetric applies to int4 only");
     if (!o->quiet) std::printf("%-52s %-14s %12s %12s\n", "tensor", "shape", "rel_fro", "max_abs");
     auto report = quantize_checkpoint(o->in, o->out, opt, [&](const QuantizeReport::Row& r) {

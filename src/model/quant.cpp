@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/threads.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -145,7 +146,7 @@ void check_fits(QuantFormat format, int64_t cols, int group, int bits, const std
 }  // namespace
 
 QuantizedMatrix quantize_matrix(const float* w, int64_t rows, int64_t cols, QuantFormat format, int group,
-                                bool zero_points, int bits, const std::string& name) {
+                                bool zero_points, int bits, const std::string& name, ThreadPool* pool) {
   check_fits(format, cols, group, bits, name);
   QuantizedMatrix q;
   q.format = format;
@@ -156,88 +157,96 @@ QuantizedMatrix quantize_matrix(const float* w, int64_t rows, int64_t cols, Quan
   const Shape ds = q.data_shape(), ss = q.scale_shape();
   q.data.assign(size_t(shape_numel(ds)) * dtype_size(q.data_dtype()), 0);
   q.scales.assign(size_t(shape_numel(ss)), 0.f);
-  switch (format) {
-    case QuantFormat::FP8:
-    case QuantFormat::INT8: {
-      const float qmax = format == QuantFormat::FP8 ? 448.f : 127.f;
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* row = w + r * cols;
-        float amax = 0;
-        for (int64_t j = 0; j < cols; ++j) amax = std::max(amax, std::fabs(row[j]));
-        const float scale = amax > 0 ? amax / qmax : 1.f;
-        q.scales[size_t(r)] = scale;
-        uint8_t* dst = q.data.data() + r * cols;
-        for (int64_t j = 0; j < cols; ++j) {
-          const float x = row[j] / scale;
-          if (format == QuantFormat::FP8) {
-            dst[j] = f32_to_fp8_e4m3(x);
-          } else {
-            const int v = int(std::clamp(std::nearbyint(x), -127.f, 127.f));
-            dst[j] = uint8_t(int8_t(v));
+  if (format == QuantFormat::INT4 && zero_points) q.zeros.assign(size_t(rows * (cols / group)), 0);
+  if (format == QuantFormat::MLX) q.biases.assign(size_t(rows * (cols / group)), 0.f);
+  // Rows are independent (per-row scales or groups within a row; an MLX word never spans rows):
+  // pieces of rows on the pool give the same bytes as one pass.
+  auto quantize_rows = [&](int64_t r0, int64_t r1) {
+    switch (format) {
+      case QuantFormat::FP8:
+      case QuantFormat::INT8: {
+        const float qmax = format == QuantFormat::FP8 ? 448.f : 127.f;
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* row = w + r * cols;
+          float amax = 0;
+          for (int64_t j = 0; j < cols; ++j) amax = std::max(amax, std::fabs(row[j]));
+          const float scale = amax > 0 ? amax / qmax : 1.f;
+          q.scales[size_t(r)] = scale;
+          uint8_t* dst = q.data.data() + r * cols;
+          for (int64_t j = 0; j < cols; ++j) {
+            const float x = row[j] / scale;
+            if (format == QuantFormat::FP8) {
+              dst[j] = f32_to_fp8_e4m3(x);
+            } else {
+              const int v = int(std::clamp(std::nearbyint(x), -127.f, 127.f));
+              dst[j] = uint8_t(int8_t(v));
+            }
           }
         }
+        break;
       }
-      break;
-    }
-    case QuantFormat::INT4: {
-      const int64_t groups = cols / group;
-      if (zero_points) q.zeros.assign(size_t(rows * groups), 0);
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t g = 0; g < groups; ++g) {
-          const float* x = w + r * cols + g * group;
-          uint8_t* dst = q.data.data() + (r * cols + g * group) / 2;
-          std::vector<int> vals(static_cast<size_t>(group));
-          if (!zero_points) {
-            float amax = 0;
-            for (int j = 0; j < group; ++j) amax = std::max(amax, std::fabs(x[j]));
-            const float scale = amax > 0 ? amax / 7.f : 1.f;
-            q.scales[size_t(r * groups + g)] = scale;
-            for (int j = 0; j < group; ++j) vals[size_t(j)] = int(std::clamp(std::nearbyint(x[j] / scale), -8.f, 7.f));
-          } else {
+      case QuantFormat::INT4: {
+        const int64_t groups = cols / group;
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t g = 0; g < groups; ++g) {
+            const float* x = w + r * cols + g * group;
+            uint8_t* dst = q.data.data() + (r * cols + g * group) / 2;
+            std::vector<int> vals(static_cast<size_t>(group));
+            if (!zero_points) {
+              float amax = 0;
+              for (int j = 0; j < group; ++j) amax = std::max(amax, std::fabs(x[j]));
+              const float scale = amax > 0 ? amax / 7.f : 1.f;
+              q.scales[size_t(r * groups + g)] = scale;
+              for (int j = 0; j < group; ++j) vals[size_t(j)] = int(std::clamp(std::nearbyint(x[j] / scale), -8.f, 7.f));
+            } else {
+              float mn = x[0], mx = x[0];
+              for (int j = 0; j < group; ++j) mn = std::min(mn, x[j]), mx = std::max(mx, x[j]);
+              mn = std::min(mn, 0.f), mx = std::max(mx, 0.f);  // zero stays exactly representable
+              const float scale = mx > mn ? (mx - mn) / 15.f : 1.f;
+              const int zero = int(std::clamp(std::nearbyint(-mn / scale), 0.f, 15.f));
+              q.scales[size_t(r * groups + g)] = scale;
+              q.zeros[size_t(r * groups + g)] = uint8_t(zero);
+              for (int j = 0; j < group; ++j)
+                vals[size_t(j)] = int(std::clamp(std::nearbyint(x[j] / scale) + float(zero), 0.f, 15.f));
+            }
+            for (int j = 0; j < group; j += 2) dst[j / 2] = pack_int4(vals[size_t(j)], vals[size_t(j + 1)]);
+          }
+        break;
+      }
+      case QuantFormat::MLX: {
+        // Scales and biases are rounded through bf16 (what MLX stores) before the codes are chosen.
+        const int64_t groups = cols / group;
+        const uint32_t qmax = (1u << bits) - 1u;
+        const int per_word = 32 / bits;
+        auto* words = reinterpret_cast<uint32_t*>(q.data.data());
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t g = 0; g < groups; ++g) {
+            const float* x = w + r * cols + g * group;
             float mn = x[0], mx = x[0];
             for (int j = 0; j < group; ++j) mn = std::min(mn, x[j]), mx = std::max(mx, x[j]);
-            mn = std::min(mn, 0.f), mx = std::max(mx, 0.f);  // zero stays exactly representable
-            const float scale = mx > mn ? (mx - mn) / 15.f : 1.f;
-            const int zero = int(std::clamp(std::nearbyint(-mn / scale), 0.f, 15.f));
+            float scale = round_bf16(mx > mn ? (mx - mn) / float(qmax) : 1.f);
+            const float bias = round_bf16(mn);
+            if (scale == 0) scale = 1.f;
             q.scales[size_t(r * groups + g)] = scale;
-            q.zeros[size_t(r * groups + g)] = uint8_t(zero);
-            for (int j = 0; j < group; ++j)
-              vals[size_t(j)] = int(std::clamp(std::nearbyint(x[j] / scale) + float(zero), 0.f, 15.f));
+            q.biases[size_t(r * groups + g)] = bias;
+            for (int j = 0; j < group; ++j) {
+              const uint32_t v = uint32_t(std::clamp(std::nearbyint((x[j] - bias) / scale), 0.f, float(qmax)));
+              const int64_t e = r * cols + g * group + j;
+              uint32_t word_le;
+              std::memcpy(&word_le, &words[e / per_word], 4);
+              word_le |= v << ((e % per_word) * bits);
+              std::memcpy(&words[e / per_word], &word_le, 4);
+            }
           }
-          for (int j = 0; j < group; j += 2) dst[j / 2] = pack_int4(vals[size_t(j)], vals[size_t(j + 1)]);
-        }
-      break;
+        break;
+      }
+      case QuantFormat::None: fail("{}: quantize_matrix with format none", name);
     }
-    case QuantFormat::MLX: {
-      // Scales and biases are rounded through bf16 (what MLX stores) before the codes are chosen.
-      const int64_t groups = cols / group;
-      const uint32_t qmax = (1u << bits) - 1u;
-      const int per_word = 32 / bits;
-      q.biases.assign(size_t(rows * groups), 0.f);
-      auto* words = reinterpret_cast<uint32_t*>(q.data.data());
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t g = 0; g < groups; ++g) {
-          const float* x = w + r * cols + g * group;
-          float mn = x[0], mx = x[0];
-          for (int j = 0; j < group; ++j) mn = std::min(mn, x[j]), mx = std::max(mx, x[j]);
-          float scale = round_bf16(mx > mn ? (mx - mn) / float(qmax) : 1.f);
-          const float bias = round_bf16(mn);
-          if (scale == 0) scale = 1.f;
-          q.scales[size_t(r * groups + g)] = scale;
-          q.biases[size_t(r * groups + g)] = bias;
-          for (int j = 0; j < group; ++j) {
-            const uint32_t v = uint32_t(std::clamp(std::nearbyint((x[j] - bias) / scale), 0.f, float(qmax)));
-            const int64_t e = r * cols + g * group + j;
-            uint32_t word_le;
-            std::memcpy(&word_le, &words[e / per_word], 4);
-            word_le |= v << ((e % per_word) * bits);
-            std::memcpy(&words[e / per_word], &word_le, 4);
-          }
-        }
-      break;
-    }
-    case QuantFormat::None: fail("{}: quantize_matrix with format none", name);
-  }
+  };
+  if (pool && rows > 1)
+    pool->parallel_for(rows, quantize_rows);
+  else
+    quantize_rows(0, rows);
   return q;
 }
 
@@ -380,8 +389,8 @@ double QuantError::rel_fro() const { return sum_sq_ref > 0 ? std::sqrt(sum_sq_er
 
 // ---- converter ----
 
-bool is_quantized_tensor(const std::string& name, bool is_vector) {
-  return !is_vector && name != "model.embed_tokens.weight" && name != "lm_head.weight";
+bool is_quantized_tensor(const std::string& name, bool is_vector, bool lm_head) {
+  return !is_vector && name != "model.embed_tokens.weight" && (lm_head || name != "lm_head.weight");
 }
 
 QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, const QuantizeOptions& opt,
@@ -405,6 +414,7 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
   Checkpoint ckpt(in);
 
   auto report = std::make_shared<QuantizeReport>();
+  auto pool = std::make_shared<ThreadPool>();  // rows of one matrix at a time in parallel
   SafetensorsWriter writer;
   for (const auto& [k, v] : ckpt.metadata()) writer.set_metadata(k, v);
   writer.set_metadata("sala_quantization", quant_format_name(opt.format));
@@ -431,7 +441,7 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
     const TensorView v = ckpt.get(t.name);
     SALA_CHECK(dtype_is_float(v.dtype) && v.shape == t.shape, "quantize: {} is {} {} (expected a float {})", t.name,
                dtype_name(v.dtype), shape_str(v.shape), shape_str(t.shape));
-    if (!is_quantized_tensor(t.name, t.is_vector)) {
+    if (!is_quantized_tensor(t.name, t.is_vector, opt.lm_head)) {
       copy_through(t.name, t.is_vector ? "norm" : t.name == "lm_head.weight" ? "lm_head" : "embedding");
       continue;
     }
@@ -454,7 +464,7 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
     writer.add(t.name, shape_of.data_dtype(), shape_of.data_shape(), [=](uint8_t* dst) {
       std::vector<float> w(size_t(v.numel()));
       convert_to_f32(v.data, v.dtype, w.data(), w.size());
-      *state = quantize_matrix(w.data(), rows, cols, opt.format, group, zeros, opt.bits, t.name);
+      *state = quantize_matrix(w.data(), rows, cols, opt.format, group, zeros, opt.bits, t.name, pool.get());
       std::vector<float> back(w.size());
       dequantize_matrix(*state, back.data());
       QuantError err;

@@ -17,6 +17,7 @@
 namespace sala {
 
 class Checkpoint;
+class ThreadPool;
 
 enum class QuantFormat { None, FP8, INT8, INT4, MLX };
 
@@ -73,8 +74,10 @@ struct QuantizedMatrix {
 };
 
 // Quantizes row-major w[rows*cols]. Throws (naming `name`) when cols does not fit the format.
+// With a pool, pieces of rows run in parallel (the same bytes).
 QuantizedMatrix quantize_matrix(const float* w, int64_t rows, int64_t cols, QuantFormat format, int group_size,
-                                bool zero_points, int bits = 4, const std::string& name = "weight");
+                                bool zero_points, int bits = 4, const std::string& name = "weight",
+                                ThreadPool* pool = nullptr);
 void dequantize_matrix(const QuantizedMatrix& q, float* out);
 
 // Dequantizes views of the on-disk tensors (scales/biases of any float dtype; zeros may be null).
@@ -122,6 +125,7 @@ struct QuantizeOptions {
   int group_size = 64;
   bool zero_points = true;  // int4: measured better than symmetric (docs/quantization.md)
   int bits = 4;  // MLX layout only (tests)
+  bool lm_head = false;  // quantize an untied lm_head too (default: kept, see is_quantized_tensor)
 };
 
 struct QuantizeReport {
@@ -136,9 +140,9 @@ struct QuantizeReport {
   uint64_t bytes_in = 0, bytes_out = 0;
 };
 
-// Whether the converter quantizes an expected tensor: 2-D projections only; embeddings, lm_head and
-// norms stay as they are (bf16 in a bf16 checkpoint).
-bool is_quantized_tensor(const std::string& name, bool is_vector);
+// Whether the converter quantizes an expected tensor: 2-D projections, and lm_head when asked;
+// embeddings and norms stay as they are (bf16 in a bf16 checkpoint).
+bool is_quantized_tensor(const std::string& name, bool is_vector, bool lm_head = false);
 
 // Streams IN (a model directory) to OUT one tensor at a time: model.safetensors, config.json with
 // the quantization section, generation_config.json and tokenizer files copied. `on_row` is called

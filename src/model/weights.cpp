@@ -301,7 +301,7 @@ ModelWeights random_weights(const ModelConfig& c, Backend& backend, uint64_t see
   for (size_t i = 0; i < expected.size(); ++i) by_name[expected[i].name] = {&expected[i], seed * 1000003ull + i};
   return assemble(c, [&](const std::string& name, bool gathered) {
     const auto& [t, stream] = by_name.at(name);
-    if (quant.format != WeightFormat::Dense && !gathered && is_quantized_tensor(name, t->is_vector)) {
+    if (quant.format != WeightFormat::Dense && !gathered && is_quantized_tensor(name, t->is_vector, quant.lm_head)) {
       const int64_t cols = t->shape[1];
       const int64_t group = quant.format == WeightFormat::Q4 ? quant.group : cols;
       SALA_CHECK(cols % group == 0, "random {} weights: {} has {} columns, not a multiple of group {}",
@@ -312,6 +312,37 @@ ModelWeights random_weights(const ModelConfig& c, Backend& backend, uint64_t see
     return backend.random_weight(t->is_vector ? 1 : t->shape[0], t->is_vector ? t->shape[0] : t->shape[1], mean,
                                  init_std(c, *t), stream);
   });
+}
+
+void quantize_weights(const ModelConfig& c, ModelWeights& mw, Backend& backend, const QuantizeOptions& opt,
+                      ThreadPool* pool) {
+  SALA_CHECK(opt.format != QuantFormat::None, "quantize_weights: no format given");
+  const int group = opt.format == QuantFormat::INT4 || opt.format == QuantFormat::MLX ? opt.group_size : 0;
+  const bool zeros = opt.format == QuantFormat::INT4 && opt.zero_points;
+  auto one = [&](Weight& w, const std::string& name) {
+    if (!w.w.data || w.packed()) return;
+    const int64_t rows = w.out(), cols = w.in();
+    std::vector<float> host(size_t(rows * cols));
+    backend.download(w.w, host.data());
+    const QuantizedMatrix q = quantize_matrix(host.data(), rows, cols, opt.format, group, zeros, opt.bits, name, pool);
+    host = {};
+    w = Weight{};  // the dense copy is freed before the packed one is allocated
+    w = backend.load_quantized_weight(pack_matrix(q).view(), name);
+  };
+  for (int i = 0; i < c.num_layers; ++i) {
+    LayerWeights& l = mw.layers[size_t(i)];
+    const std::string p = layer_prefix(i), a = p + "self_attn.";
+    one(l.q, a + "q_proj.weight");
+    one(l.k, a + "k_proj.weight");
+    one(l.v, a + "v_proj.weight");
+    one(l.o, a + "o_proj.weight");
+    one(l.o_gate, a + "o_gate.weight");
+    one(l.z, a + "z_proj.weight");
+    one(l.gate, p + "mlp.gate_proj.weight");
+    one(l.up, p + "mlp.up_proj.weight");
+    one(l.down, p + "mlp.down_proj.weight");
+  }
+  if (opt.lm_head && !c.tie_word_embeddings) one(mw.lm_head, "lm_head.weight");
 }
 
 namespace {

@@ -11,7 +11,9 @@
 namespace sala {
 
 class Checkpoint;
+class ThreadPool;
 struct QuantConfig;
+struct QuantizeOptions;
 
 struct LayerWeights {
   MixerKind kind = MixerKind::Lightning;
@@ -54,14 +56,22 @@ ModelWeights bind_weights(const ModelConfig& config, const Checkpoint& checkpoin
 
 // Random weights generated on the backend (benchmarks of full-size shapes without a file), with
 // the same scales `sala init` uses. With a packed format, the tensors `sala quantize` quantizes
-// (every projection; not embeddings, norms, lm_head) are random packed codes instead.
+// (every projection; lm_head when asked; not embeddings, norms) are random packed codes instead.
 struct RandomQuant {
   WeightFormat format = WeightFormat::Dense;
-  int64_t group = 64;  // Q4; Q8 and FP8 have one scale per row
+  int64_t group = 64;    // Q4; Q8 and FP8 have one scale per row
+  bool lm_head = false;  // an untied lm_head packed too (`sala quantize --lm-head`)
 };
 // "none"/"bf16" (dense), "fp8", "int8" (Q8 per row), "int4" (Q4, group 64); else an error.
 RandomQuant parse_random_quant(const std::string& name);
 ModelWeights random_weights(const ModelConfig& config, Backend& backend, uint64_t seed, const RandomQuant& quant = {});
+
+// The dense matrices of `weights` quantized in place, each as `sala quantize` quantizes its tensor
+// (quantize_matrix on the values the backend holds: bf16 on CUDA, f32 on CPU; rows on `pool`),
+// then packed on the backend: the projections, and an untied lm_head with options.lm_head. One
+// matrix is on the host at a time. What `sala quant-quality` measures without writing a checkpoint.
+void quantize_weights(const ModelConfig& config, ModelWeights& weights, Backend& backend,
+                      const QuantizeOptions& options, ThreadPool* pool = nullptr);
 
 // One line on how the matrices are held, e.g. "224 q4 (group 64), 1 dense: 5.31 GB, 0.59 bytes/param";
 // plus the tensors dequantized at load, if any.

@@ -32,6 +32,32 @@ grep -aq "weight_zero" "$tmp/int4/model.safetensors" || fail "int4 default wrote
 "$SALA" logits "$tmp/int4sym" --tokens 1,5,6 --out "$tmp/sym.npy" 2>/dev/null || fail "int4 symmetric does not load"
 ! "$SALA" quantize "$tmp/f32" "$tmp/x" --format int8 --symmetric 2>/dev/null || fail "--symmetric accepted for int8"
 
+# --lm-head: lm_head packed too (33 matrices), and the loader keeps it packed.
+"$SALA" quantize "$tmp/f32" "$tmp/fp8lm" --format fp8 --lm-head --quiet | grep -q "^total: 33 tensors quantized" ||
+  fail "--lm-head: not 33 tensors"
+"$SALA" logits "$tmp/fp8lm" --tokens 1,5,6 --out "$tmp/lm.npy" 2>"$tmp/lm.err" || fail "--lm-head: does not load"
+grep -q "weights on cpu: 33 fp8 (per row)" "$tmp/lm.err" || fail "--lm-head: lm_head not packed: $(cat "$tmp/lm.err")"
+
+# sala quant-quality: the packed formats against the dense model, one table row each.
+out=$("$SALA" quant-quality "$tmp/f32" --formats fp8,int8,int4 --positions 96 --chunk 32 --decode 8 --backend cpu \
+  --json "$tmp/qq.json" 2>"$tmp/qq.err") || fail "quant-quality: $(cat "$tmp/qq.err")"
+for f in "fp8" "int8" "int4 g64"; do
+  row=$(grep "^| $f |" <<<"$out") || fail "quant-quality: no $f row: $out"
+  # | format | bytes/param | rel | top-1 | KL | max KL |: 0 < rel < 0.3, top-1 > 0.5
+  awk -F'|' '{ exit !($4 > 0 && $4 < 0.3 && $5 > 0.5 && $5 <= 1) }' <<<"$row" || fail "quant-quality $f: $row"
+done
+grep -q '"top1"' "$tmp/qq.json" || fail "quant-quality: no JSON rows"
+out=$("$SALA" quant-quality --random tiny --formats int4-sym --lm-head --positions 40 --chunk 16 --decode 4 \
+  --backend cpu 2>/dev/null) || fail "quant-quality --random"
+grep -q "^| int4-sym g64 | 0.625 |" <<<"$out" || fail "quant-quality --random --lm-head: $out"
+! "$SALA" quant-quality "$tmp/f32" --formats int5 2>"$tmp/err" || fail "quant-quality: int5 accepted"
+grep -q "unknown format 'int5'" "$tmp/err" || fail "quant-quality format message: $(cat "$tmp/err")"
+! "$SALA" quant-quality "$tmp/int8" 2>"$tmp/err" || fail "quant-quality: quantized MODEL accepted"
+grep -q "already quantized" "$tmp/err" || fail "quant-quality quantized message: $(cat "$tmp/err")"
+! "$SALA" bench --random tiny --quant-lm-head --backend cpu 2>/dev/null || fail "bench --quant-lm-head without --quant"
+"$SALA" bench --random tiny --quant int8 --quant-lm-head --backend cpu --contexts 64 --batches 1 --decode-steps 2 \
+  2>&1 >/dev/null | grep -q "weights on cpu: 33 q8 (per row)" || fail "bench --quant-lm-head: lm_head not packed"
+
 # Random packed weights for benchmarks (`sala bench --random PRESET --quant FORMAT`).
 for q in fp8 int8 int4; do
   "$SALA" bench --random tiny --quant $q --backend cpu --contexts 64 --batches 1 --decode-steps 2 \

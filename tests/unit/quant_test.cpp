@@ -14,12 +14,15 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/threads.h"
+#include "engine/logit_stats.h"
 #include "engine/replay.h"
 #include "io/safetensors.h"
 #include "model/loader.h"
 #include "model/presets.h"
 #include "model/quant.h"
 #include "model/random_checkpoint.h"
+#include "model/weights.h"
 
 using namespace sala;
 namespace fs = std::filesystem;
@@ -53,44 +56,6 @@ std::vector<float> run_logits(const fs::path& dir, const std::vector<int32_t>& s
   LoadedModel m = load_model(dir.string(), backend, {.max_batch_tokens = chunk, .max_logit_rows = chunk});
   Engine engine(*m.model, {.max_sequences = 1, .max_context = int64_t(seq.size())});
   return replay(engine, {seq}, {int64_t(seq.size()) - decode, chunk, true})[0];
-}
-
-struct LogitStats {
-  double rel = 0, top1 = 0, kl = 0;
-};
-
-LogitStats compare(const std::vector<float>& ref, const std::vector<float>& got, int V) {
-  LogitStats s;
-  double e2 = 0, r2 = 0;
-  const size_t rows = ref.size() / size_t(V);
-  int agree = 0;
-  for (size_t r = 0; r < rows; ++r) {
-    const float* a = ref.data() + r * size_t(V);
-    const float* b = got.data() + r * size_t(V);
-    size_t ia = 0, ib = 0;
-    double ma = a[0], mb = b[0];
-    for (int j = 0; j < V; ++j) {
-      e2 += double(a[j] - b[j]) * double(a[j] - b[j]);
-      r2 += double(a[j]) * double(a[j]);
-      if (a[j] > a[ia]) ia = size_t(j);
-      if (b[j] > b[ib]) ib = size_t(j);
-      ma = std::max(ma, double(a[j]));
-      mb = std::max(mb, double(b[j]));
-    }
-    agree += ia == ib;
-    double za = 0, zb = 0;
-    for (int j = 0; j < V; ++j) za += std::exp(a[j] - ma), zb += std::exp(b[j] - mb);
-    double kl = 0;
-    for (int j = 0; j < V; ++j) {
-      const double la = a[j] - ma - std::log(za), lb = b[j] - mb - std::log(zb);
-      kl += std::exp(la) * (la - lb);
-    }
-    s.kl += kl;
-  }
-  s.rel = std::sqrt(e2 / r2);
-  s.top1 = double(agree) / double(rows);
-  s.kl /= double(rows);
-  return s;
 }
 
 // Copies a checkpoint directory, letting `edit` drop or replace tensors and change config.json.
@@ -288,12 +253,72 @@ TEST(QuantRoundTrip, TinyEveryFormat) {
     EXPECT_LT(rep.bytes_out, rep.bytes_in);
     const auto got = run_logits(out, seq, 64);
     ASSERT_EQ(got.size(), ref.size());
-    const LogitStats s = compare(ref, got, cfg.vocab_size);
+    const LogitStats s = compare_logits(ref, got, cfg.vocab_size);
     std::printf("[ round trip ] %-12s weights rel_fro %.4f  logits rel %.4f  top1 %.3f  KL %.2e\n", c.name,
                 rep.total.rel_fro(), s.rel, s.top1, s.kl);
     EXPECT_LT(s.rel, c.max_logit_err);
     EXPECT_GE(s.top1, c.min_top1);
     EXPECT_GT(s.rel, 0.0);  // it really is the quantized model
+  }
+}
+
+// Rows on a thread pool (what `sala quantize` and quantize_weights use) give the bytes of one pass.
+TEST(QuantPack, ParallelRowsGiveTheSameBytes) {
+  const int64_t rows = 37, cols = 128;
+  std::vector<float> w(size_t(rows * cols));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = normal01(11, i) * (1.f + float(i % 7));
+  ThreadPool pool(3);
+  const std::pair<QuantFormat, bool> cases[] = {{QuantFormat::FP8, false}, {QuantFormat::INT8, false},
+                                                {QuantFormat::INT4, true},  {QuantFormat::INT4, false},
+                                                {QuantFormat::MLX, false}};
+  for (const auto& [f, zp] : cases)
+    for (int bits : {4, 8}) {
+      if (f != QuantFormat::MLX && bits == 8) continue;
+      SCOPED_TRACE(quant_format_name(f) + (zp ? " zero points" : "") + " bits " + std::to_string(bits));
+      const QuantizedMatrix a = quantize_matrix(w.data(), rows, cols, f, 32, zp, bits);
+      const QuantizedMatrix b = quantize_matrix(w.data(), rows, cols, f, 32, zp, bits, "w", &pool);
+      EXPECT_EQ(a.data, b.data);
+      EXPECT_EQ(a.scales, b.scales);
+      EXPECT_EQ(a.zeros, b.zeros);
+      EXPECT_EQ(a.biases, b.biases);
+      EXPECT_FALSE(a.data.empty());
+    }
+}
+
+// quantize_weights (`sala quant-quality`) quantizes the loaded dense weights exactly as
+// `sala quantize` writes the checkpoint: the same logits, bit for bit (CPU, f32 golden weights).
+TEST(QuantQuality, InMemoryQuantizationMatchesTheConverter) {
+  TmpDir tmp;
+  const fs::path golden = fs::path(SALA_TEST_DATA) / "golden/tiny";
+  const ModelConfig cfg = ModelConfig::load(golden);
+  const auto seq = tokens(96, cfg.vocab_size, 7);
+  QuantizeOptions lm{QuantFormat::FP8, 0, false, 4};
+  lm.lm_head = true;
+  const std::pair<const char*, QuantizeOptions> cases[] = {
+      {"fp8", {QuantFormat::FP8, 0, false, 4}}, {"int4 g32 zp", {QuantFormat::INT4, 32, true, 4}}, {"fp8 + lm_head", lm}};
+  for (const auto& [name, opt] : cases) {
+    SCOPED_TRACE(name);
+    const fs::path out = tmp.path / name;
+    const QuantizeReport rep = quantize_checkpoint(golden, out, opt);
+    int quantized = 0;
+    for (const auto& r : rep.rows) quantized += r.kept.empty();
+    EXPECT_EQ(quantized, opt.lm_head ? 33 : 32);
+    const auto want = run_logits(out, seq, 32, 16);
+
+    CpuBackend backend(2);
+    ModelWeights w = bind_weights(cfg, Checkpoint(golden), backend);
+    quantize_weights(cfg, w, backend, opt);
+    EXPECT_EQ(w.lm_head.packed(), opt.lm_head);
+    EXPECT_TRUE(w.layers[0].gate.packed());
+    EXPECT_FALSE(w.embed.packed());
+    Model model(cfg, std::move(w), backend, {.max_batch_tokens = 32, .max_logit_rows = 32});
+    Engine engine(model, {.max_sequences = 1, .max_context = int64_t(seq.size())});
+    const auto got = replay(engine, {seq}, {int64_t(seq.size()) - 16, 32, true})[0];
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+    const LogitStats s = compare_logits(run_logits(golden, seq, 32, 16), got, cfg.vocab_size);
+    EXPECT_GT(s.rel, 0.0);  // really quantized
+    EXPECT_LT(s.rel, 0.3);
   }
 }
 
@@ -396,7 +421,7 @@ TEST(QuantQuality, TinyGoldenModel) {
       const fs::path out = tmp.path / ("q" + std::to_string(i++));
       QuantizeReport rep = quantize_checkpoint(m.dir, out, opt);
       const auto got = run_logits(out, seq, 256, 64);
-      const LogitStats s = compare(ref, got, cfg.vocab_size);
+      const LogitStats s = compare_logits(ref, got, cfg.vocab_size);
       std::printf("| %s | %s | %.4f | %.4f | %.4f | %.2e |\n", m.label.c_str(), name, rep.total.rel_fro(), s.rel,
                   s.top1, s.kl);
       EXPECT_LT(s.rel, 0.3);

@@ -1,0 +1,156 @@
+// sala quant-quality [MODEL | --random PRESET] --formats fp8,int8,int4: how far each packed format's
+// logits are from the dense model's over the same tokens (relative error, top-1 agreement, KL) —
+// llama.cpp's `perplexity --kl-divergence` for our formats. The dense weights are quantized in
+// memory exactly as `sala quantize` would write them (quantize_weights), so no checkpoint is
+// written; with --random the full-size shapes run on the GPU in minutes (the host quantizes, one
+// matrix at a time, on all cores).
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/common.h"
+#include "cli/random_model.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "core/threads.h"
+#include "engine/logit_stats.h"
+#include "engine/replay.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "model/presets.h"
+#include "model/quant.h"
+#include "model/weights.h"
+
+namespace sala::cli {
+namespace {
+
+struct Format {
+  std::string name;
+  QuantizeOptions opt;
+};
+
+// fp8, int8, int4 (zero points) and int4-sym; int4 groups from --group.
+Format parse_format(const std::string& name, int group, bool lm_head) {
+  Format f{name, {}};
+  f.opt.lm_head = lm_head;
+  f.opt.group_size = group;
+  if (name == "fp8") f.opt.format = QuantFormat::FP8;
+  else if (name == "int8") f.opt.format = QuantFormat::INT8;
+  else if (name == "int4") f.opt.format = QuantFormat::INT4, f.opt.zero_points = true;
+  else if (name == "int4-sym") f.opt.format = QuantFormat::INT4, f.opt.zero_points = false;
+  else fail("quant-quality: unknown format '{}' in --formats (known: fp8, int8, int4, int4-sym)", name);
+  if (f.opt.format == QuantFormat::INT4) f.name += " g" + std::to_string(group);
+  return f;
+}
+
+Runner setup(CLI::App& app) {
+  struct Opts {
+    std::string model, random, formats = "fp8,int8,int4", json;
+    int group = 64;
+    bool lm_head = false;
+    int64_t positions = 1024, chunk = 256, decode = 64;
+    uint64_t seed = 0, token_seed = 2024;
+    BackendOptions backend;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("MODEL", o->model, "dense model directory (bf16 or f32 weights), or use --random");
+  app.add_option("--random", o->random, "random weights of a preset, generated on the backend (tiny, small, 9b)")
+      ->check(CLI::IsMember(preset_names()));
+  app.add_option("--seed", o->seed, "with --random: seed of the weights")->capture_default_str();
+  app.add_option("--formats", o->formats, "comma-separated: fp8, int8, int4 (zero points), int4-sym")
+      ->capture_default_str();
+  app.add_option("--group", o->group, "int4 group size")->check(CLI::IsMember({32, 64, 128, 256}))->capture_default_str();
+  app.add_flag("--lm-head", o->lm_head, "quantize lm_head too (`sala quantize --lm-head`)");
+  app.add_option("--positions", o->positions, "tokens scored (random ids)")->capture_default_str();
+  app.add_option("--chunk", o->chunk, "prompt chunk (tokens per forward)")->capture_default_str();
+  app.add_option("--decode", o->decode, "of the positions, the last ones run one decode step each")
+      ->capture_default_str();
+  app.add_option("--token-seed", o->token_seed, "seed of the random token ids")->capture_default_str();
+  app.add_option("--json", o->json, "write the rows as JSON here");
+  o->backend.add(app);
+  return [o] {
+    SALA_CHECK(o->model.empty() != o->random.empty(), "quant-quality: give a MODEL directory or --random PRESET");
+    SALA_CHECK(o->positions >= 1 && o->chunk >= 1 && o->decode >= 0 && o->decode < o->positions,
+               "quant-quality: need positions ≥ 1, chunk ≥ 1 and 0 ≤ decode < positions (got {}, {}, {})",
+               o->positions, o->chunk, o->decode);
+    std::vector<Format> formats;
+    for (const auto& f : CLI::detail::split(o->formats, ',')) formats.push_back(parse_format(f, o->group, o->lm_head));
+    SALA_CHECK(!formats.empty(), "quant-quality: --formats is empty");
+
+    auto backend = o->backend.make();
+    ModelConfig config;
+    std::unique_ptr<Checkpoint> ckpt;
+    std::string label;
+    if (!o->random.empty()) {
+      config = preset_config(o->random);
+      config.random_weights = true;
+      label = "random " + o->random + " (seed " + std::to_string(o->seed) + ")";
+    } else {
+      config = ModelConfig::load(o->model);
+      SALA_CHECK(!load_quant_config(o->model).quantized(),
+                 "quant-quality: '{}' is already quantized ({}): give the dense checkpoint it came from", o->model,
+                 quant_format_name(load_quant_config(o->model).format));
+      ckpt = std::make_unique<Checkpoint>(o->model);
+      label = o->model;
+    }
+    // The dense weights, made anew for every format (random: the same values from the same seeds).
+    auto dense = [&] {
+      return ckpt ? bind_weights(config, *ckpt, *backend) : random_weights(config, *backend, o->seed);
+    };
+    std::vector<int32_t> tokens(size_t(o->positions));
+    for (size_t i = 0; i < tokens.size(); ++i)
+      tokens[i] = int32_t(3 + splitmix64(o->token_seed * 0x9e3779b97f4a7c15ull + i) % uint64_t(config.vocab_size - 3));
+    const ModelLimits limits{.max_batch_tokens = o->chunk, .max_logit_rows = o->chunk};
+    auto logits_of = [&](ModelWeights w) {
+      Model model(config, std::move(w), *backend, limits);
+      Engine engine(model, {.max_sequences = 1, .max_context = o->positions});
+      return replay(engine, {tokens}, {o->positions - o->decode, o->chunk, true})[0];
+    };
+    using clock = std::chrono::steady_clock;
+    auto secs = [](clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); };
+
+    auto t0 = clock::now();
+    const std::vector<float> ref = logits_of(dense());
+    std::fprintf(stderr, "dense %s on %s: %lld positions (%lld prompt in chunks of %lld, %lld decode) in %.1f s\n",
+                 label.c_str(), backend->name().c_str(), (long long)o->positions,
+                 (long long)(o->positions - o->decode), (long long)o->chunk, (long long)o->decode, secs(t0));
+    ThreadPool pool;
+    nlohmann::json rows = nlohmann::json::array();
+    std::printf("model: %s, backend %s, %lld positions, lm_head %s\n", label.c_str(), backend->name().c_str(),
+                (long long)o->positions, o->lm_head ? "quantized" : "kept dense");
+    std::printf("| format | bytes/param | logit rel. error | top-1 agreement | mean KL | max KL |\n");
+    std::printf("|---|---|---|---|---|---|\n");
+    for (const Format& f : formats) {
+      t0 = clock::now();
+      ModelWeights w = dense();
+      quantize_weights(config, w, *backend, f.opt, &pool);
+      const double bpp = weight_bytes_per_param(config, w);
+      const double tq = secs(t0);
+      t0 = clock::now();
+      const std::vector<float> got = logits_of(std::move(w));
+      const LogitStats s = compare_logits(ref, got, config.vocab_size);
+      std::fprintf(stderr, "%s: quantized in %.1f s, logits in %.1f s\n", f.name.c_str(), tq, secs(t0));
+      std::printf("| %s | %.3f | %.4f | %.4f | %.2e | %.2e |\n", f.name.c_str(), bpp, s.rel, s.top1, s.kl, s.max_kl);
+      std::fflush(stdout);
+      rows.push_back({{"format", f.name}, {"lm_head", f.opt.lm_head}, {"bytes_per_param", bpp}, {"rel", s.rel},
+                      {"top1", s.top1}, {"kl", s.kl}, {"max_kl", s.max_kl}, {"positions", s.positions}});
+    }
+    if (!o->json.empty()) {
+      std::ofstream f(o->json);
+      SALA_CHECK(bool(f), "quant-quality: cannot write '{}'", o->json);
+      f << nlohmann::json{{"model", label}, {"backend", backend->name()}, {"positions", o->positions},
+                          {"chunk", o->chunk}, {"decode", o->decode}, {"rows", rows}}
+               .dump(2)
+        << "\n";
+    }
+    return 0;
+  };
+}
+
+const Registrar registrar("quant-quality",
+                          "Logit error, top-1 agreement and KL of packed formats against the dense model", setup);
+
+}  // namespace
+}  // namespace sala::cli

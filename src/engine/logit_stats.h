@@ -1,0 +1,19 @@
+// How far one model's logits are from a reference's over the same positions: what the quality
+// tables of the packed formats report (docs/quantization.md, `sala quant-quality`, the quant tests).
+#pragma once
+#include <span>
+
+namespace sala {
+
+struct LogitStats {
+  double rel = 0;   // ‖got − ref‖₂ / ‖ref‖₂ over all positions and words
+  double top1 = 0;  // fraction of positions whose argmax agrees
+  double kl = 0;    // mean over positions of KL(softmax(ref) ‖ softmax(got)), nats
+  double max_kl = 0;
+  long positions = 0;
+};
+
+// ref and got: [positions, vocab] row-major, the same size (checked).
+LogitStats compare_logits(std::span<const float> ref, std::span<const float> got, int vocab);
+
+}  // namespace sala
