@@ -33,8 +33,8 @@ grep -aq "weight_zero" "$tmp/int4/model.safetensors" || fail "int4 default wrote
 ! "$SALA" quantize "$tmp/f32" "$tmp/x" --format int8 --symmetric 2>/dev/null || fail "--symmetric accepted for int8"
 
 # --lm-head: lm_head packed too (33 matrices), and the loader keeps it packed.
-"$SALA" quantize "$tmp/f32" "$tmp/fp8lm" --format fp8 --lm-head --quiet | grep -q "^total: 33 tensors quantized" ||
-  fail "--lm-head: not 33 tensors"
+out=$("$SALA" quantize "$tmp/f32" "$tmp/fp8lm" --format fp8 --lm-head --quiet)
+grep -q "^total: 33 tensors quantized" <<<"$out" || fail "--lm-head: not 33 tensors: $out"
 "$SALA" logits "$tmp/fp8lm" --tokens 1,5,6 --out "$tmp/lm.npy" 2>"$tmp/lm.err" || fail "--lm-head: does not load"
 grep -q "weights on cpu: 33 fp8 (per row)" "$tmp/lm.err" || fail "--lm-head: lm_head not packed: $(cat "$tmp/lm.err")"
 
@@ -56,7 +56,8 @@ grep -q "unknown format 'int5'" "$tmp/err" || fail "quant-quality format message
 grep -q "already quantized" "$tmp/err" || fail "quant-quality quantized message: $(cat "$tmp/err")"
 ! "$SALA" bench --random tiny --quant-lm-head --backend cpu 2>/dev/null || fail "bench --quant-lm-head without --quant"
 "$SALA" bench --random tiny --quant int8 --quant-lm-head --backend cpu --contexts 64 --batches 1 --decode-steps 2 \
-  2>&1 >/dev/null | grep -q "weights on cpu: 33 q8 (per row)" || fail "bench --quant-lm-head: lm_head not packed"
+  >/dev/null 2>"$tmp/blm.err" || fail "bench --quant-lm-head: $(cat "$tmp/blm.err")"
+grep -q "weights on cpu: 33 q8 (per row)" "$tmp/blm.err" || fail "bench --quant-lm-head: lm_head not packed"
 
 # Random packed weights for benchmarks (`sala bench --random PRESET --quant FORMAT`).
 for q in fp8 int8 int4; do
