@@ -6,10 +6,11 @@
 # exist — the end-to-end GPU checks (tests/cuda/e2e_*.sh, run with $SALA and $SALA_ROOT set) and
 # `sala bench` (arguments from $SALA_BENCH_ARGS, time limit $SALA_BENCH_TIMEOUT s (300); default: random 9B
 # weights, contexts 1k-32k), the quantized rows (quant-bench: fp8, int8, int4 at 4K/32K, batches 1/8/32),
-# the speculative verify/draft costs (spec-costs) and the serving benchmark (serve-bench:
+# the quality of the packed formats on the 9B shape (quant-quality: `sala quant-quality`, random
+# weights, lm_head kept / quantized), the speculative verify/draft costs (spec-costs) and the serving benchmark (serve-bench:
 # scripts/serve_bench.sh, 9B random, concurrency 1/8/32). Missing optional steps are skipped with a message.
 # A short summary table is printed last. Steps can be chosen with
-#   SALA_DEVICE_STEPS="build test bench e2e sala-bench quant-bench spec-costs serve-bench"   (default: all)
+#   SALA_DEVICE_STEPS="build test bench e2e sala-bench quant-bench quant-quality spec-costs serve-bench"   (default: all)
 # Exit status: non-zero if the build or any run step failed.
 set -uo pipefail
 ROOT=$(pwd)
@@ -141,6 +142,20 @@ if want quant-bench; then
     done
   else
     note quant-bench skipped 0 "no sala binary"
+  fi
+fi
+# Quality of the packed formats on the full 9B shape (random weights): the dense bf16 model's
+# logits against each format's, 10240 positions (sparse regime), lm_head kept and quantized.
+if want quant-quality; then
+  if [ -x "$SALA" ]; then
+    for lm in "" --lm-head; do
+      tag=quant-quality${lm:+-lm-head}
+      run "$tag" "$OUT/$tag.log" timeout 420 "$SALA" quant-quality --random 9b --backend cuda $lm \
+        --formats fp8,int8,int4,int4-sym --positions 10240 --chunk 2048 --decode 64 --json "$OUT/$tag.json"
+      if [ "$LAST_RC" -eq 0 ]; then note "$tag" ok "$LAST_DT" "$tag.json"; else note "$tag" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
+    done
+  else
+    note quant-quality skipped 0 "no sala binary"
   fi
 fi
 if want spec-costs; then

@@ -130,7 +130,7 @@ Runner setup(CLI::App& app) {
       const double tq = secs(t0);
       t0 = clock::now();
       const std::vector<float> got = logits_of(std::move(w));
-      const LogitStats s = compare_logits(ref, got, config.vocab_size);
+      const LogitStats s = compare_logits(ref, got, config.vocab_size, &pool);
       std::fprintf(stderr, "%s: quantized in %.1f s, logits in %.1f s\n", f.name.c_str(), tq, secs(t0));
       std::printf("| %s | %.3f | %.4f | %.4f | %.2e | %.2e |\n", f.name.c_str(), bpp, s.rel, s.top1, s.kl, s.max_kl);
       std::fflush(stdout);

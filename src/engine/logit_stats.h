@@ -13,7 +13,11 @@ struct LogitStats {
   long positions = 0;
 };
 
-// ref and got: [positions, vocab] row-major, the same size (checked).
-LogitStats compare_logits(std::span<const float> ref, std::span<const float> got, int vocab);
+class ThreadPool;
+
+// ref and got: [positions, vocab] row-major, the same size (checked). With a pool, positions in
+// parallel (the same result: per-position terms are summed in order afterwards).
+LogitStats compare_logits(std::span<const float> ref, std::span<const float> got, int vocab,
+                          ThreadPool* pool = nullptr);
 
 }  // namespace sala

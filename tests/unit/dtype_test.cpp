@@ -3,10 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 #include <limits>
 
 #include "core/error.h"
+#include "core/rng.h"
 
 namespace sala {
 namespace {
@@ -107,6 +110,37 @@ TEST(DTypeFp8, E5M2KnownCodes) {
   EXPECT_EQ(fp8_e5m2_to_f32(0x01), std::ldexp(1.0f, -16));
   EXPECT_TRUE(std::isinf(fp8_e5m2_to_f32(0x7c)));
   EXPECT_TRUE(std::isnan(fp8_e5m2_to_f32(0x7d)));
+}
+
+// The table search gives the code a scan of every code picks: nearest, ties to the even code,
+// saturating — on every midpoint between neighbours, just around it, and on random magnitudes.
+TEST(DTypeFp8, EncodeMatchesExhaustiveNearestSearch) {
+  auto scan = [](float f, float (*decode)(uint8_t)) {
+    const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+    int n = 0;
+    while (n < 0x80 && std::isfinite(decode(uint8_t(n)))) ++n;
+    const float a = std::min(std::fabs(f), decode(uint8_t(n - 1)));  // saturate
+    int best = 0;
+    float best_err = INFINITY;
+    for (int c = 0; c < n; ++c) {
+      const float d = decode(uint8_t(c));
+      const float err = std::fabs(std::fabs(d) - a);
+      if (err < best_err || (err == best_err && c % 2 == 0)) best_err = err, best = c;
+    }
+    return uint8_t(sign | best);
+  };
+  using Enc = uint8_t (*)(float);
+  using Dec = float (*)(uint8_t);
+  for (auto [enc, dec] : {std::pair<Enc, Dec>{f32_to_fp8_e4m3, fp8_e4m3_to_f32}, std::pair<Enc, Dec>{f32_to_fp8_e5m2, fp8_e5m2_to_f32}}) {
+    std::vector<float> xs;
+    for (int c = 0; c + 1 < 0x80 && std::isfinite(dec(uint8_t(c + 1))); ++c) {
+      const float mid = 0.5f * (dec(uint8_t(c)) + dec(uint8_t(c + 1)));
+      xs.insert(xs.end(), {mid, std::nextafter(mid, 0.f), std::nextafter(mid, INFINITY), -mid});
+    }
+    for (uint64_t i = 0; i < 20000; ++i) xs.push_back(normal01(5, i) * std::ldexp(1.f, int(i % 40) - 20));
+    xs.insert(xs.end(), {0.f, -0.f, 1e30f, -1e30f, 1e-30f});
+    for (float x : xs) ASSERT_EQ(enc(x), scan(x, dec)) << x;
+  }
 }
 
 TEST(DTypeFp8, EncodeDecodeEveryFiniteCode) {

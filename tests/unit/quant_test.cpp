@@ -262,6 +262,22 @@ TEST(QuantRoundTrip, TinyEveryFormat) {
   }
 }
 
+// The statistics of the quality tables on a hand-computed case, serial and on a pool.
+TEST(CompareLogits, HandComputedAndParallel) {
+  const std::vector<float> ref = {0, 0, 1, 0}, got = {0, 0, 0, 1};  // 2 positions, vocabulary 2
+  ThreadPool pool(2);
+  for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+    const LogitStats s = compare_logits(ref, got, 2, p);
+    const double e = std::exp(1.0), kl1 = (e - 1) / (e + 1);  // KL((e,1)/(e+1) ‖ (1,e)/(e+1))
+    EXPECT_EQ(s.positions, 2);
+    EXPECT_DOUBLE_EQ(s.rel, std::sqrt(2.0));
+    EXPECT_DOUBLE_EQ(s.top1, 0.5);
+    EXPECT_NEAR(s.kl, kl1 / 2, 1e-12);
+    EXPECT_NEAR(s.max_kl, kl1, 1e-12);
+  }
+  EXPECT_THROW(compare_logits(ref, std::vector<float>(3), 2), Error);
+}
+
 // Rows on a thread pool (what `sala quantize` and quantize_weights use) give the bytes of one pass.
 TEST(QuantPack, ParallelRowsGiveTheSameBytes) {
   const int64_t rows = 37, cols = 128;
