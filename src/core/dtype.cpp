@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -91,41 +92,30 @@ float fp8_e5m2_to_f32(uint8_t v) {
   return decode_small(v, 5, 2, 15);
 }
 
-// Encode to the nearest representable value, ties to the even code. The finite non-negative codes
-// 0, 1, 2, ... decode to increasing magnitudes, so a binary search in their table finds the two
-// neighbours of |f| (quantizing a 9B model converts ~9e9 values: a scan of all 128 codes per
-// value took minutes).
-namespace {
-struct Fp8Codes {
-  float mag[128];
-  int n = 0;  // finite codes 0 .. n-1
-  explicit Fp8Codes(float (*decode)(uint8_t)) {
-    while (n < 128 && std::isfinite(decode(uint8_t(n)))) mag[n] = decode(uint8_t(n)), ++n;
-  }
-};
-}  // namespace
-
-static uint8_t encode_nearest(float f, const Fp8Codes& t) {
+// Encode to the nearest representable value, ties to the even code, saturating at the largest
+// finite one (e4m3fn has no infinities). Below the smallest normal the codes are evenly spaced
+// (2^(1-bias-M)): the code is the rounded multiple. Above, the f32 mantissa is rounded to M bits
+// (round to nearest even in the bits, as for bf16; a carry moves into the exponent) and the
+// exponent rebiased. Tested against a scan of every code (dtype_test): quantizing a 9B model
+// converts ~9e9 values, which the scan took minutes for.
+template <int M, int Bias>
+static uint8_t encode_fp8(float f, float max_finite) {
   if (std::isnan(f)) return 0x7f;
   const uint8_t sign = std::signbit(f) ? 0x80 : 0;
-  const float a = std::min(std::fabs(f), t.mag[t.n - 1]);  // saturate
-  const int hi = int(std::lower_bound(t.mag, t.mag + t.n, a) - t.mag);  // first code ≥ a
-  int c = hi;
-  if (hi > 0 && t.mag[hi] != a) {
-    const float below = a - t.mag[hi - 1], above = t.mag[hi] - a;
-    c = below < above ? hi - 1 : above < below ? hi : (hi % 2 == 0 ? hi : hi - 1);
-  }
-  return uint8_t(sign | c);
+  const float a = std::min(std::fabs(f), max_finite);
+  constexpr float kMinNormal = 1.0f / float(1u << (Bias - 1));  // 2^(1-bias)
+  if (a < kMinNormal)  // subnormal codes; nearbyint rounds half to even (default mode)
+    return uint8_t(sign | int(std::nearbyint(a * float(1u << (Bias - 1 + M)))));
+  uint32_t bits;
+  std::memcpy(&bits, &a, 4);
+  constexpr int kDrop = 23 - M;
+  bits += (1u << (kDrop - 1)) - 1u + ((bits >> kDrop) & 1u);
+  const uint32_t exp = (bits >> 23) - uint32_t(127 - Bias), mant = (bits >> kDrop) & ((1u << M) - 1u);
+  return uint8_t(sign | (exp << M) | mant);
 }
 
-uint8_t f32_to_fp8_e4m3(float f) {
-  static const Fp8Codes codes(fp8_e4m3_to_f32);  // max finite 448
-  return encode_nearest(f, codes);
-}
-uint8_t f32_to_fp8_e5m2(float f) {
-  static const Fp8Codes codes(fp8_e5m2_to_f32);  // max finite 57344
-  return encode_nearest(f, codes);
-}
+uint8_t f32_to_fp8_e4m3(float f) { return encode_fp8<3, 7>(f, 448.0f); }
+uint8_t f32_to_fp8_e5m2(float f) { return encode_fp8<2, 15>(f, 57344.0f); }
 
 void convert_to_f32(const void* src, DType t, float* dst, size_t n) {
   auto load = [&](auto tag) {
