@@ -171,6 +171,14 @@ class Backend {
   virtual void matmul_group(const Mat& x, std::span<const MatmulPart> parts) {
     for (const MatmulPart& p : parts) matmul(x, *p.w, p.y);
   }
+  // The SwiGLU MLP's first half: g = x·gateᵀ, u = x·upᵀ, act = silu(g)·u. The default is
+  // matmul_group + silu_mul; a backend may fuse it (CUDA, packed weights, ≤ 8 rows: the activation
+  // in the GEMV's epilogue, the same values; g and u are then not written).
+  virtual void matmul_silu_mul(const Mat& x, const Weight& gate, const Weight& up, Mat g, Mat u, Mat act) {
+    const MatmulPart parts[] = {{&gate, g}, {&up, u}};
+    matmul_group(x, parts);
+    silu_mul(g, u, act);
+  }
   // The residual update fused with the next norm: h = h + alpha·a, then y = rmsnorm(h)·w (y must
   // not alias a). Same results as add_scaled followed by rmsnorm.
   virtual void add_rmsnorm(Mat h, const Mat& a, float alpha, const Weight& w, float eps, Mat y) {

@@ -245,8 +245,7 @@ void Model::forward(const BatchInfo& batch, std::span<const int64_t> logit_rows,
     backend_.add_rmsnorm(h, mix, alpha, w.post_norm, c.rms_norm_eps, x);
 
     Mat g = gate_.slice_rows(0, n), u = up_.slice_rows(0, n), a = act_.slice_rows(0, n);
-    project(x, {{{&w.gate, g}, {&w.up, u}}}, 2);
-    backend_.silu_mul(g, u, a);
+    backend_.matmul_silu_mul(x, w.gate, w.up, g, u, a);
     backend_.matmul(a, w.down, mix);
     if (i + 1 < n_layers)
       backend_.add_rmsnorm(h, mix, alpha, weights_.layers[size_t(i) + 1].input_norm, c.rms_norm_eps, x);

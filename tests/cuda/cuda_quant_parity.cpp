@@ -2,7 +2,8 @@
 // the CPU packed matmul (the f32 reference) for every format at N = 1, 2, 3, 8 (decode GEMV, one
 // n-tile, every warp count), 9, 16, 17, 24, 25, 32 (2 or 4 n-tiles per decoded weight, one or two
 // row blocks per CTA), 33, 64 (several GEMV launches) and 512 (bf16 dequantization + cuBLAS), x/y
-// dtypes; matmul_group (grouped GEMV launch) against per-part matmul; the device tiling against
+// dtypes; matmul_group (grouped GEMV launch) against per-part matmul; matmul_silu_mul (the
+// activation in the GEMV's epilogue) against the unfused pair and the CPU; the device tiling against
 // the host's (quant_layout.h); random packed weights; load errors; whole quantized models (CPU vs
 // GPU, packed vs dequantized, CUDA graphs on vs off).
 #include <algorithm>
@@ -307,6 +308,54 @@ void test_matmul_group(CpuBackend& cpu, CudaBackend& gpu) {
         r.grouped == r.single ? "equal to per-part matmul" : "DIFFERS from per-part matmul");
 }
 
+// matmul_silu_mul (the MLP's gate/up with silu·mul; CUDA: fused into the packed GEMV at ≤ 8 rows)
+// against the CPU (bf16 tolerance) and against the same backend's unfused grouped GEMV + silu_mul
+// (Backend::matmul_silu_mul): bit for bit where both take the same two-row-block launch shape —
+// above 8192 rows in all for fp8, int8 and int4 in tile groups (the 9B MLP's case). 9 rows run
+// unfused.
+void test_matmul_silu_mul(CpuBackend& cpu, CudaBackend& gpu) {
+  const int64_t in = 256;
+  for (const Fmt& f : {kFormats[0], kFormats[1], kFormats[2], kFormats[3], kFormats[6]})
+    for (int64_t out : {80, 4608}) {
+      Weight wc[2], wg[2];
+      for (int i = 0; i < 2; ++i) {
+        const auto w = randn(size_t(out * in), 61 + uint64_t(i), 2.0f / std::sqrt(float(in)));
+        const PackedMatrix pm = pack_matrix(quantize_matrix(w.data(), out, in, f.format, f.group, f.zero_points, f.bits));
+        wc[i] = cpu.load_quantized_weight(pm.view(), f.name);
+        wg[i] = gpu.load_quantized_weight(pm.view(), f.name);
+      }
+      const bool same_shape = out > 4096 && (f.format == QuantFormat::FP8 || f.format == QuantFormat::INT8 ||
+                                             (f.format == QuantFormat::INT4 && f.group == 64));
+      for (int64_t n : {1, 3, 8, 9}) {
+        const auto x = randn(size_t(n * in), 91 + uint64_t(n));
+        auto run = [&](Backend& b, const Weight (&w)[2], DType dt, bool unfused) {
+          const size_t ybytes = size_t(n * out) * dtype_size(dt) + 16;
+          auto xb = b.alloc(size_t(n * in) * dtype_size(dt) + 16), gb = b.alloc(ybytes), ub = b.alloc(ybytes),
+               ab = b.alloc(ybytes);
+          Mat xm = xb->mat(dt, n, in), g = gb->mat(dt, n, out), u = ub->mat(dt, n, out), act = ab->mat(dt, n, out);
+          b.upload(xm, x.data());
+          std::vector<float> y(size_t(n * out), std::nanf(""));
+          b.upload(act, y.data());  // poison
+          if (unfused)
+            b.Backend::matmul_silu_mul(xm, w[0], w[1], g, u, act);
+          else
+            b.matmul_silu_mul(xm, w[0], w[1], g, u, act);
+          b.download(act, y.data());
+          return y;
+        };
+        const auto ref = run(cpu, wc, DType::F32, false);
+        const auto fused = run(gpu, wg, DType::BF16, false), unfused = run(gpu, wg, DType::BF16, true);
+        const double e = rel_err(fused, ref);
+        const bool equal = fused == unfused;
+        check(e < 1e-2 && (equal || !same_shape),
+              strf("packed matmul_silu_mul %s N=%lld rows 2x%lld", f.name, (long long)n, (long long)out),
+              strf("rel %.2e; %s", e,
+                   equal ? "equal to grouped GEMV + silu_mul" : same_shape ? "DIFFERS from grouped GEMV + silu_mul"
+                                                                   : "other launch shape than unfused"));
+      }
+    }
+}
+
 void test_random_and_errors(CpuBackend& cpu, CudaBackend& gpu) {
   const int64_t out = 4096, in = 4096;
   const auto x = randn(size_t(8 * in), 3);
@@ -447,6 +496,7 @@ void test_quant_parity(int& pass, int& fail) {
     CudaBackend gpu(0);
     test_matmuls(cpu, gpu);
     test_matmul_group(cpu, gpu);
+    test_matmul_silu_mul(cpu, gpu);
     test_random_and_errors(cpu, gpu);
     test_models();
   } catch (const std::exception& e) {

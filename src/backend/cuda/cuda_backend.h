@@ -94,6 +94,7 @@ class CudaBackend final : public Backend {
   void sigmoid_mul(const Mat& a, const Mat& z, Mat out) override;
   void add_scaled(Mat h, const Mat& a, float alpha) override;
   void matmul_group(const Mat& x, std::span<const MatmulPart> parts) override;
+  void matmul_silu_mul(const Mat& x, const Weight& gate, const Weight& up, Mat g, Mat u, Mat act) override;  // cuda_quant.cpp
   void add_rmsnorm(Mat h, const Mat& a, float alpha, const Weight& w, float eps, Mat y) override;
   void qk_norm_rope(Mat q, Mat k, const Weight& q_norm, const Weight& k_norm, float eps, int head_dim, bool rope,
                     double theta) override;

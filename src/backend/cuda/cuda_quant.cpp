@@ -172,4 +172,19 @@ void CudaBackend::matmul_group_packed(const Mat& x, std::span<const MatmulPart> 
                          int(x.rows), qgemv_warps(), pdl_ && props_.major >= 9, stream_);
 }
 
+// Packed gate and up at ≤ 8 rows: one launch with silu(g)·u in the epilogue (launch_qgemv_act; the
+// shape the unfused pair takes above 8192 rows, so the 9B MLP gets the unfused values bit for bit).
+// Otherwise — dense weights, more rows, batch-invariant or fixed-warp test modes, f32 buffers —
+// the grouped GEMV and silu_mul.
+void CudaBackend::matmul_silu_mul(const Mat& x, const Weight& gate, const Weight& up, Mat g, Mat u, Mat act) {
+  const bool fused = use_gemv_ && !batch_invariant_ && gemv_mode_ == 0 && x.rows >= 1 && x.rows <= 8 &&
+                     gate.packed() && up.packed() && gate.format == up.format && gate.group == up.group &&
+                     gate.out() == up.out() && gate.in() == up.in() && x.cols == gate.in() &&
+                     g.dtype == DType::BF16 && u.dtype == DType::BF16 && act.dtype == DType::BF16 &&
+                     act.rows == x.rows && act.cols == gate.out();
+  if (!fused) return Backend::matmul_silu_mul(x, gate, up, g, u, act);
+  cuda::launch_qgemv_act(qweight(gate), qweight(up), packed_input(x), x.cols, act.data, act.cols, int(x.rows),
+                         pdl_ && props_.major >= 9, stream_);
+}
+
 }  // namespace sala

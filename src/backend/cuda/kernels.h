@@ -149,6 +149,10 @@ struct QGemvSet {
 };
 void launch_qgemv_set(const QGemvSet& set, const void* x, int64_t ldx, Dt dty, int N, int warps, bool pdl,
                       cudaStream_t st);
+// The MLP's act = silu(x·gateᵀ)·(x·upᵀ) for N ≤ 8 rows in one launch (bf16 [N, ldact]; gate and up
+// of one format and shape): what launch_qgemv_set of the pair followed by silu_mul computes.
+void launch_qgemv_act(const QWeight& gate, const QWeight& up, const void* x, int64_t ldx, void* act, int64_t ldact,
+                      int N, bool pdl, cudaStream_t st);
 // Rows [row0, row0 + rows) of W (row0 % 16 == 0) as bf16 row-major [rows, in] (prefill: cuBLAS
 // multiplies them).
 void launch_qdequant(const QWeight& w, int64_t row0, int64_t rows, void* dst, cudaStream_t st);

@@ -236,18 +236,23 @@ __device__ __forceinline__ void mma_acc(float d[4], const uint32_t a[4], uint2 b
 // copied into shared memory with cp.async before griddepcontrol.wait, so a tile's flush reads
 // them from shared memory instead of waiting on a global load of its own (LP put one memory
 // latency per tile on each warp's critical path).
+// ACT: the MLP's gate and up projections with silu(gate)·up in the epilogue (launch_qgemv_act): CTA
+// b computes row block b of part 0 (gate) as its first row block and of part 1 (up) as its second,
+// and writes only bf16(bf16(silu(g))·u) of g, u rounded to bf16 — the values silu_mul computes
+// from the bf16 outputs of the unfused launch (same launch shape: the same sums).
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
-          bool XH = false, bool SP = false>
+          bool XH = false, bool SP = false, bool ACT = false>
 __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const bf16* __restrict__ x, int ldx,
                                                         int N, int y_f32, int trigger) {
   constexpr int KT = tile_k(FMT), MT = KT / 16;
   constexpr bool kBias = FMT != kFP8;
   static_assert(!XH || (NT == 1 && FMT != kQ4), "qgemv XH: one n-tile, FP8 or Q8");
   static_assert(!(SP && (PR || LP)), "qgemv SP: grouped formats, instead of LP");
+  static_assert(!ACT || R == 2, "qgemv ACT: gate and up row blocks");
   __shared__ float red[W][R * 16][NT * 8];
   extern __shared__ uint4 dyn_smem[];  // SP: the parameters, then XH: x
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const PartBlock pb = find_part<R>(set, blockIdx.x);
+  const PartBlock pb = ACT ? PartBlock{0, int(blockIdx.x)} : find_part<R>(set, blockIdx.x);
   const QWeight& w = set.part[pb.part].w;
   // in and group are the same for every part: read from part 0 (constant-bank operands).
   const int in = int(set.part[0].w.in), G = int(set.part[0].w.group), ktiles = (in + KT - 1) / KT, groups = in / G;
@@ -256,9 +261,10 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   const float4* params[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const int rb = min(rb0 + r, rbs - 1);  // a missing second row block re-reads the last one (not stored)
-    codes[r] = static_cast<const uint4*>(w.codes) + size_t(rb) * size_t(ktiles) * 32 + lane;
-    params[r] = reinterpret_cast<const float4*>(w.params) + size_t(rb) * size_t(groups) * 8 + g;
+    const QWeight& wr = ACT ? set.part[r].w : w;
+    const int rb = ACT ? rb0 : min(rb0 + r, rbs - 1);  // a missing second row block re-reads the last one (not stored)
+    codes[r] = static_cast<const uint4*>(wr.codes) + size_t(rb) * size_t(ktiles) * 32 + lane;
+    params[r] = reinterpret_cast<const float4*>(wr.params) + size_t(rb) * size_t(groups) * 8 + g;
   }
   const bool per_row = PR || G == in;               // one flush at the end
   const bool tile_group = TG || (!per_row && G % KT == 0);  // every tile inside one group: flush per tile
@@ -446,6 +452,22 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
       red[warp][r * 16 + g + 8][nt * 8 + 2 * t + 1] = cf[r][nt][3];
     }
   __syncthreads();
+  if constexpr (ACT) {
+    const QGemvPart& part = set.part[0];  // y: the activation [N, ldy]
+    for (int i = threadIdx.x; i < 16 * NT * 8; i += W * 32) {
+      const int row = i / (NT * 8), n = i % (NT * 8);
+      const int64_t o = int64_t(blockIdx.x) * 16 + row;
+      if (n < N && o < part.w.out) {
+        float gs = 0.f, us = 0.f;
+#pragma unroll
+        for (int wi = 0; wi < W; ++wi) gs += red[wi][row][n], us += red[wi][16 + row][n];
+        const float gv = __bfloat162float(__float2bfloat16_rn(gs)), uv = __bfloat162float(__float2bfloat16_rn(us));
+        const float sv = __bfloat162float(__float2bfloat16_rn(gv / (1.0f + expf(-gv))));  // as ew_apply<kSiluMul>
+        static_cast<bf16*>(part.y)[size_t(n) * part.ldy + o] = __float2bfloat16_rn(sv * uv);
+      }
+    }
+    return;
+  }
   // The part looked up again: nothing of the first lookup stays live through the main loop (the
   // 64-register launch shapes would spill).
   const PartBlock pe = find_part<R>(set, cta_index_again());
@@ -601,12 +623,12 @@ bool params_in_smem() {
 }
 
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
-          bool XH = false, bool SP = false>
+          bool XH = false, bool SP = false, bool ACT = false>
 void qgemv_cfg(const QArgs& a) {
   const size_t param_smem = SP ? size_t(R) * size_t(a.set.part[0].w.in / a.set.part[0].w.group) * 128 : 0;
   const size_t smem = param_smem + (XH ? size_t(a.set.part[0].w.in) * 2 : 0);
   if constexpr (SP) {  // parameters beyond 48 KB (in / group > 384 per row block): late loads instead
-    if (smem > kStaticSmemLimit) return qgemv_cfg<FMT, NT, R, U, W, MINB, PR, true, TG, XH, false>(a);
+    if (smem > kStaticSmemLimit) return qgemv_cfg<FMT, NT, R, U, W, MINB, PR, true, TG, XH, false, ACT>(a);
   }
   QGemvSet set = a.set;
   unsigned blocks = 0;  // each part's CTAs after the previous part's
@@ -615,7 +637,8 @@ void qgemv_cfg(const QArgs& a) {
     blocks += unsigned(((set.part[i].w.out + 15) / 16 + R - 1) / R);
   }
   set.first[set.count] = blocks;
-  launch_pdl(a.pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP>, dim3(blocks), dim3(W * 32), smem, a.st, set,
+  if constexpr (ACT) blocks = unsigned((set.part[0].w.out + 15) / 16);  // one CTA per gate/up row block pair
+  launch_pdl(a.pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT>, dim3(blocks), dim3(W * 32), smem, a.st, set,
              static_cast<const bf16*>(a.x), int(a.ldx), a.N, int(a.dty == kF32), int(g_trigger && a.pdl));
 }
 
@@ -712,6 +735,27 @@ void qgemv_small(const QArgs& a, int warps) {
   return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG>(a);
 }
 
+// ACT (gate/up + silu·mul, N ≤ 8): the two-row-block shapes the automatic choice takes for the
+// unfused pair above 8192 rows (the 9B MLP's 2 × 16384), so that the sums are the same.
+template <int FMT, bool PR, bool TG>
+void qgemv_act_f(const QArgs& a) {
+  if constexpr (PR && FMT != kQ4) {
+    if (xh_fits(a)) return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, true, false, true>(a);
+    return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, false, false, true>(a);
+  } else if constexpr (!PR && FMT == kQ4 && TG) {
+    if (params_in_smem()) return qgemv_cfg<FMT, 1, 2, 2, 4, 4, PR, false, TG, false, true, true>(a);
+  }
+  return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, false, !PR, true>(a);
+}
+
+template <int FMT>
+void qgemv_act(const QArgs& a) {
+  const QWeight& w = a.set.part[0].w;
+  if (w.group == w.in) return qgemv_act_f<FMT, true, false>(a);
+  if (w.group % tile_k(FMT) == 0) return qgemv_act_f<FMT, false, true>(a);
+  return qgemv_act_f<FMT, false, false>(a);
+}
+
 template <int FMT>
 void qgemv_f(const QArgs& a, int warps) {
   if (a.N <= 8) {
@@ -777,6 +821,29 @@ void launch_qgemv(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty,
   set.part[0] = {w, y, ldy};
   set.count = 1;
   launch_qgemv_set(set, x, ldx, dty, N, warps, pdl, st);
+}
+
+void launch_qgemv_act(const QWeight& gate, const QWeight& up, const void* x, int64_t ldx, void* act, int64_t ldact,
+                      int N, bool pdl, cudaStream_t st) {
+  SALA_CUDA_REQUIRE(gate.fmt == up.fmt && gate.in == up.in && gate.group == up.group && gate.out == up.out,
+                    "qgemv act: gate and up must share format, shape and group size");
+  SALA_CUDA_REQUIRE(N >= 1 && N <= 8, "qgemv act: 1 to 8 rows");
+  SALA_CUDA_REQUIRE(al8(x) && ldx % 4 == 0 && gate.in % 4 == 0, "qgemv act: x rows must be 8-byte aligned");
+  SALA_CUDA_REQUIRE(gate.group == gate.in || gate.group % 16 == 0, "qgemv act: group size must be a multiple of 16");
+  SALA_CUDA_REQUIRE(gate.in < (int64_t(1) << 30) && ldx < (int64_t(1) << 31) && ldact < (int64_t(1) << 31),
+                    "qgemv act: dimensions too large");
+  QGemvSet set{};
+  set.part[0] = {gate, act, ldact};
+  set.part[1] = {up, nullptr, 0};
+  set.count = 2;
+  const QArgs a{set, gate.out + up.out, x, ldx, kBF16, N, pdl, st};
+  switch (gate.fmt) {
+    case kFP8: qgemv_act<kFP8>(a); break;
+    case kQ8: qgemv_act<kQ8>(a); break;
+    case kQ4: qgemv_act<kQ4>(a); break;
+    default: SALA_CUDA_REQUIRE(false, "qgemv act: unknown packed format");
+  }
+  SALA_CUDA_LAUNCH("qgemv act kernel");
 }
 
 void launch_qdequant(const QWeight& w, int64_t row0, int64_t rows, void* dst, cudaStream_t st) {
