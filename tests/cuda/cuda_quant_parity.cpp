@@ -314,7 +314,7 @@ void test_matmul_group(CpuBackend& cpu, CudaBackend& gpu) {
 // above 8192 rows in all for fp8, int8 and int4 in tile groups (the 9B MLP's case). 9 rows run
 // unfused.
 void test_matmul_silu_mul(CpuBackend& cpu, CudaBackend& gpu) {
-  const int64_t in = 256;
+  const int64_t in = 384;  // a multiple of every group below (MLX 48)
   for (const Fmt& f : {kFormats[0], kFormats[1], kFormats[2], kFormats[3], kFormats[6]})
     for (int64_t out : {80, 4608}) {
       Weight wc[2], wg[2];
