@@ -89,9 +89,9 @@ Runner setup(CLI::App& app) {
       label = "random " + o->random + " (seed " + std::to_string(o->seed) + ")";
     } else {
       config = ModelConfig::load(o->model);
-      SALA_CHECK(!load_quant_config(o->model).quantized(),
-                 "quant-quality: '{}' is already quantized ({}): give the dense checkpoint it came from", o->model,
-                 quant_format_name(load_quant_config(o->model).format));
+      const QuantConfig q = load_quant_config(o->model);
+      SALA_CHECK(!q.quantized(), "quant-quality: '{}' is already quantized ({}): give the dense checkpoint it came from",
+                 o->model, quant_format_name(q.format));
       ckpt = std::make_unique<Checkpoint>(o->model);
       label = o->model;
     }

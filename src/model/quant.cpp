@@ -187,11 +187,11 @@ QuantizedMatrix quantize_matrix(const float* w, int64_t rows, int64_t cols, Quan
       }
       case QuantFormat::INT4: {
         const int64_t groups = cols / group;
+        std::vector<int> vals(static_cast<size_t>(group));  // one group's codes
         for (int64_t r = r0; r < r1; ++r)
           for (int64_t g = 0; g < groups; ++g) {
             const float* x = w + r * cols + g * group;
             uint8_t* dst = q.data.data() + (r * cols + g * group) / 2;
-            std::vector<int> vals(static_cast<size_t>(group));
             if (!zero_points) {
               float amax = 0;
               for (int j = 0; j < group; ++j) amax = std::max(amax, std::fabs(x[j]));

@@ -314,6 +314,24 @@ ModelWeights random_weights(const ModelConfig& c, Backend& backend, uint64_t see
   });
 }
 
+namespace {
+
+// A layer's matrices of products (absent ones have no data) and their checkpoint names after the
+// layer prefix.
+struct LayerMatrix {
+  const char* name;
+  Weight LayerWeights::*field;
+};
+constexpr LayerMatrix kLayerMatrices[] = {
+    {"self_attn.q_proj.weight", &LayerWeights::q},   {"self_attn.k_proj.weight", &LayerWeights::k},
+    {"self_attn.v_proj.weight", &LayerWeights::v},   {"self_attn.o_proj.weight", &LayerWeights::o},
+    {"self_attn.o_gate.weight", &LayerWeights::o_gate}, {"self_attn.z_proj.weight", &LayerWeights::z},
+    {"mlp.gate_proj.weight", &LayerWeights::gate},   {"mlp.up_proj.weight", &LayerWeights::up},
+    {"mlp.down_proj.weight", &LayerWeights::down},
+};
+
+}  // namespace
+
 void quantize_weights(const ModelConfig& c, ModelWeights& mw, Backend& backend, const QuantizeOptions& opt,
                       ThreadPool* pool) {
   SALA_CHECK(opt.format != QuantFormat::None, "quantize_weights: no format given");
@@ -329,19 +347,8 @@ void quantize_weights(const ModelConfig& c, ModelWeights& mw, Backend& backend, 
     w = Weight{};  // the dense copy is freed before the packed one is allocated
     w = backend.load_quantized_weight(pack_matrix(q).view(), name);
   };
-  for (int i = 0; i < c.num_layers; ++i) {
-    LayerWeights& l = mw.layers[size_t(i)];
-    const std::string p = layer_prefix(i), a = p + "self_attn.";
-    one(l.q, a + "q_proj.weight");
-    one(l.k, a + "k_proj.weight");
-    one(l.v, a + "v_proj.weight");
-    one(l.o, a + "o_proj.weight");
-    one(l.o_gate, a + "o_gate.weight");
-    one(l.z, a + "z_proj.weight");
-    one(l.gate, p + "mlp.gate_proj.weight");
-    one(l.up, p + "mlp.up_proj.weight");
-    one(l.down, p + "mlp.down_proj.weight");
-  }
+  for (int i = 0; i < c.num_layers; ++i)
+    for (const LayerMatrix& m : kLayerMatrices) one(mw.layers[size_t(i)].*m.field, layer_prefix(i) + m.name);
   if (opt.lm_head && !c.tie_word_embeddings) one(mw.lm_head, "lm_head.weight");
 }
 
@@ -351,8 +358,8 @@ namespace {
 std::vector<const Weight*> product_weights(const ModelConfig& c, const ModelWeights& mw) {
   std::vector<const Weight*> ws;
   for (const LayerWeights& l : mw.layers)
-    for (const Weight* w : {&l.q, &l.k, &l.v, &l.o, &l.o_gate, &l.z, &l.gate, &l.up, &l.down})
-      if (w->w.data) ws.push_back(w);
+    for (const LayerMatrix& m : kLayerMatrices)
+      if ((l.*m.field).w.data) ws.push_back(&(l.*m.field));
   if (!c.tie_word_embeddings) ws.push_back(&mw.lm_head);
   return ws;
 }

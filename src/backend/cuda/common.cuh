@@ -36,6 +36,9 @@ __device__ __forceinline__ float rnd(int dt, float v) {
   return v;
 }
 __device__ __forceinline__ float rbf(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+// silu(a) = a·sigmoid(a), as every kernel computes it (silu_mul, the packed gate/up epilogue): one
+// expression, so the fused and unfused paths give the same bits.
+__device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
 
 // 8 bf16 in a uint4 <-> 8 floats.
 __device__ __forceinline__ void unpack8(const uint4& u, float f[8]) {

@@ -24,8 +24,7 @@ namespace {
 template <int OP>
 __device__ __forceinline__ float ew_apply(float a, float b, float alpha, int dto) {
   if constexpr (OP == kSiluMul) {
-    const float s = a / (1.0f + expf(-a));
-    return rnd(dto, s) * b;
+    return rnd(dto, silu(a)) * b;
   } else if constexpr (OP == kSigmoidMul) {
     const float g = 1.0f / (1.0f + expf(-b));
     return a * rnd(dto, g);

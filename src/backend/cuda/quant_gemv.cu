@@ -461,9 +461,8 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
         float gs = 0.f, us = 0.f;
 #pragma unroll
         for (int wi = 0; wi < W; ++wi) gs += red[wi][row][n], us += red[wi][16 + row][n];
-        const float gv = __bfloat162float(__float2bfloat16_rn(gs)), uv = __bfloat162float(__float2bfloat16_rn(us));
-        const float sv = __bfloat162float(__float2bfloat16_rn(gv / (1.0f + expf(-gv))));  // as ew_apply<kSiluMul>
-        static_cast<bf16*>(part.y)[size_t(n) * part.ldy + o] = __float2bfloat16_rn(sv * uv);
+        // As silu_mul of the bf16 outputs: silu(g) rounded to bf16, times u.
+        static_cast<bf16*>(part.y)[size_t(n) * part.ldy + o] = __float2bfloat16_rn(rbf(silu(rbf(gs))) * rbf(us));
       }
     }
     return;
