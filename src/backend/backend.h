@@ -257,7 +257,21 @@ class Backend {
   };
   virtual MemoryStats memory_stats() { return {}; }
   virtual void reset_memory_peak() {}  // e.g. after a benchmark's own scratch buffers are freed
+
+  // `--fp8-prefill` (docs/quantization.md "fp8 prefill"): products of per-row FP8 weights with at
+  // least kFp8PrefillMinRows rows (prefill chunks) quantize each activation row to e4m3 with its
+  // own scale and multiply in fp8 (W8A8: y = s_x·s_w·Σ q_x·q_w); fewer rows (decode, verify) keep
+  // the weight-only product. Off by default. A backend that cannot run it says so here.
+  virtual void set_fp8_prefill(bool on) { fp8_prefill_ = on; }
+  bool fp8_prefill() const { return fp8_prefill_; }
+
+ protected:
+  bool fp8_prefill_ = false;
 };
+
+// Fewest rows of a product that `--fp8-prefill` quantizes: above the 64 rows the packed decode
+// GEMV takes (CUDA), so decode and speculative verification never see activation rounding.
+constexpr int64_t kFp8PrefillMinRows = 65;
 
 // Backends available in this build: "cpu", and "cuda" when compiled with CUDA.
 // batch_invariant: results of a row independent of the rest of the batch (CPU: f32 in a fixed

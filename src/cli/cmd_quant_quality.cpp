@@ -118,8 +118,9 @@ Runner setup(CLI::App& app) {
                  (long long)(o->positions - o->decode), (long long)o->chunk, (long long)o->decode, secs(t0));
     ThreadPool pool;
     nlohmann::json rows = nlohmann::json::array();
-    std::printf("model: %s, backend %s, %lld positions, lm_head %s\n", label.c_str(), backend->name().c_str(),
-                (long long)o->positions, o->lm_head ? "quantized" : "kept dense");
+    std::printf("model: %s, backend %s, %lld positions, lm_head %s%s\n", label.c_str(), backend->name().c_str(),
+                (long long)o->positions, o->lm_head ? "quantized" : "kept dense",
+                backend->fp8_prefill() ? ", fp8 prefill (W8A8 prompt chunks for fp8)" : "");
     std::printf("| format | bytes/param | logit rel. error | top-1 agreement | mean KL | max KL |\n");
     std::printf("|---|---|---|---|---|---|\n");
     for (const Format& f : formats) {
@@ -141,7 +142,7 @@ Runner setup(CLI::App& app) {
       std::ofstream f(o->json);
       SALA_CHECK(bool(f), "quant-quality: cannot write '{}'", o->json);
       f << nlohmann::json{{"model", label}, {"backend", backend->name()}, {"positions", o->positions},
-                          {"chunk", o->chunk}, {"decode", o->decode}, {"rows", rows}}
+                          {"chunk", o->chunk}, {"decode", o->decode}, {"fp8_prefill", backend->fp8_prefill()}, {"rows", rows}}
                .dump(2)
         << "\n";
     }

@@ -17,6 +17,9 @@ void BackendOptions::add(CLI::App& app) {
   app.add_flag("--deterministic", deterministic,
                "batch-invariant numerics: a sequence's output does not depend on the other sequences decoded "
                "with it, the thread count or speculation (CPU: slower prefill; CUDA: fixed decode kernels, slower decode)");
+  app.add_flag("--fp8-prefill", fp8_prefill,
+               "FP8 checkpoints: prefill products (65+ rows) quantize each activation row to e4m3 and run on fp8 "
+               "tensor cores (W8A8: faster prefill, a little more error; decode stays weight-only)");
 }
 
 std::unique_ptr<Backend> BackendOptions::make() const {
@@ -25,17 +28,28 @@ std::unique_ptr<Backend> BackendOptions::make() const {
     auto names = available_backends();
     name = std::find(names.begin(), names.end(), "cuda") != names.end() ? "cuda" : "cpu";
   }
-  return make_backend(name, threads, deterministic);
+  auto b = make_backend(name, threads, deterministic);
+  if (fp8_prefill) b->set_fp8_prefill(true);
+  return b;
+}
+
+void print_weight_notes(const ModelConfig& config, const ModelWeights& w, Backend& backend) {
+  // Quantized checkpoints: say how the matrices are held (packed, or anything dequantized).
+  if (w.lm_head.packed() || (!w.layers.empty() && w.layers[0].gate.packed()) || !w.dequantized.empty())
+    std::fprintf(stderr, "weights on %s: %s\n", backend.name().c_str(), describe_weight_formats(config, w).c_str());
+  if (backend.fp8_prefill()) {
+    bool fp8 = w.lm_head.format == WeightFormat::FP8;
+    for (const auto& l : w.layers) fp8 = fp8 || l.gate.format == WeightFormat::FP8 || l.o.format == WeightFormat::FP8;
+    std::fprintf(stderr, fp8 ? "fp8 prefill: on (products of %lld+ rows quantize activations to e4m3 per row)\n"
+                             : "warning: --fp8-prefill has no effect: the model has no FP8 weights\n",
+                 static_cast<long long>(kFp8PrefillMinRows));
+  }
 }
 
 LoadedModel load_model_verbose(const std::string& ref, Backend& backend, ModelLimits limits) {
   LoadedModel m = load_model(ref, backend, limits);
   if (m.config.random_weights) std::fprintf(stderr, "%s\n", kRandomWeightsNotice);
-  // Quantized checkpoints: say how the matrices are held (packed, or anything dequantized).
-  const ModelWeights& w = m.model->weights();
-  if (w.lm_head.packed() || (!w.layers.empty() && w.layers[0].gate.packed()) || !w.dequantized.empty())
-    std::fprintf(stderr, "weights on %s: %s\n", backend.name().c_str(),
-                 describe_weight_formats(m.config, w).c_str());
+  print_weight_notes(m.config, m.model->weights(), backend);
   return m;
 }
 

@@ -15,9 +15,13 @@ struct BackendOptions {
   std::string backend = "auto";  // auto: cuda when a GPU is present, else cpu
   int threads = 0;
   bool deterministic = false;  // batch-invariant numerics (CPU and CUDA backends)
+  bool fp8_prefill = false;    // prefill products of FP8 weights in fp8 (W8A8, Backend::set_fp8_prefill)
   void add(CLI::App& app);
   std::unique_ptr<Backend> make() const;
 };
+
+// How a model's matrices are held (packed formats) and whether --fp8-prefill applies, to stderr.
+void print_weight_notes(const ModelConfig& config, const ModelWeights& w, Backend& backend);
 
 // Loads a model and prints the random-weights notice to stderr when it applies.
 LoadedModel load_model_verbose(const std::string& ref, Backend& backend, ModelLimits limits);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "cli/common.h"
 #include "model/presets.h"
 #include "model/random_checkpoint.h"
 #include "model/weights.h"
@@ -22,8 +23,7 @@ LoadedModel random_model(const std::string& preset, Backend& backend, ModelLimit
   std::fprintf(stderr, "random %s weights generated on %s in %.1f s (RANDOM weights: output is meaningless)\n",
                preset.c_str(), backend.name().c_str(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  if (quant.format != WeightFormat::Dense)
-    std::fprintf(stderr, "weights on %s: %s\n", backend.name().c_str(), describe_weight_formats(m.config, w).c_str());
+  print_weight_notes(m.config, w, backend);
   m.model = std::make_unique<Model>(m.config, std::move(w), backend, limits);
   return m;
 }

@@ -356,6 +356,57 @@ void test_matmul_silu_mul(CpuBackend& cpu, CudaBackend& gpu) {
     }
 }
 
+// --fp8-prefill: cuBLASLt's fp8 GEMM on activations quantized per row (fp8_prefill.cu) against the
+// CPU's W8A8 product (tested there against a scalar reference) on the same bf16 inputs; fewer rows
+// and shapes the fp8 GEMM cannot take stay weight-only (the same bits as with the switch off).
+void test_fp8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
+  struct Case {
+    int64_t out, in, n;
+    DType yd;
+    bool fit;
+  };
+  const Case cases[] = {{400, 512, 65, DType::BF16, true},    {4096, 4096, 300, DType::BF16, true},
+                        {1000, 1024, 129, DType::F32, true},   {4096, 16384, 96, DType::BF16, true},
+                        {400, 512, 64, DType::BF16, false},    {96, 520, 80, DType::BF16, false}};
+  for (const Case& c : cases) {
+    const PackedMatrix pm = random_packed(WeightFormat::FP8, c.out, c.in, c.in, 7 + uint64_t(c.in));
+    const Weight wc = cpu.load_quantized_weight(pm.view(), "fp8"), wg = gpu.load_quantized_weight(pm.view(), "fp8");
+    auto x = randn(size_t(c.n * c.in), 3 + uint64_t(c.n));
+    for (int64_t k = 0; k < c.in; ++k) x[size_t(c.in + k)] = round_bf16(x[size_t(c.in + k)] * 1e-3f);  // ranges differ
+    const std::string name = strf("fp8 prefill [%lld, %lld] N=%lld y %s", (long long)c.out, (long long)c.in,
+                                  (long long)c.n, dtype_name(c.yd));
+    try {
+      gpu.set_fp8_prefill(false);
+      const auto off = run_matmul(gpu, wg, x, c.n, DType::BF16, c.yd);
+      gpu.set_fp8_prefill(true);
+      cpu.set_fp8_prefill(true);
+      const auto got = run_matmul(gpu, wg, x, c.n, DType::BF16, c.yd);
+      const auto ref = run_matmul(cpu, wc, x, c.n, DType::F32, DType::F32);
+      cpu.set_fp8_prefill(false);
+      gpu.set_fp8_prefill(false);
+      if (!c.fit) {
+        check(got == off, name, "stays weight-only (equal to the switch off)");
+        continue;
+      }
+      // Top-1 per row and relative error: bf16 output rounding (~2e-3) and the GEMM's summation order.
+      int64_t agree = 0;
+      for (int64_t r = 0; r < c.n; ++r) {
+        const auto row = [&](const std::vector<float>& v) { return v.begin() + r * c.out; };
+        agree += std::max_element(row(got), row(got) + c.out) - row(got) ==
+                 std::max_element(row(ref), row(ref) + c.out) - row(ref);
+      }
+      const double e = rel_err(got, ref), e_off = rel_err(got, off);
+      check(e < (c.yd == DType::F32 ? 1e-4 : 6e-3) && agree >= c.n * 95 / 100 && e_off > 1e-3, name,
+            strf("rel %.2e vs CPU W8A8, top-1 %lld/%lld, rel %.2e vs weight-only", e, (long long)agree, (long long)c.n,
+                 e_off));
+    } catch (const std::exception& ex) {
+      cpu.set_fp8_prefill(false);
+      gpu.set_fp8_prefill(false);
+      check(false, name, ex.what());
+    }
+  }
+}
+
 void test_random_and_errors(CpuBackend& cpu, CudaBackend& gpu) {
   const int64_t out = 4096, in = 4096;
   const auto x = randn(size_t(8 * in), 3);
@@ -497,6 +548,7 @@ void test_quant_parity(int& pass, int& fail) {
     test_matmuls(cpu, gpu);
     test_matmul_group(cpu, gpu);
     test_matmul_silu_mul(cpu, gpu);
+    test_fp8_prefill(cpu, gpu);
     test_random_and_errors(cpu, gpu);
     test_models();
   } catch (const std::exception& e) {

@@ -100,6 +100,55 @@ TEST(PackedMatmul, EqualsDequantizedWeightEveryFormat) {
   EXPECT_GE(checked, 80);
 }
 
+// --fp8-prefill (W8A8): from 65 rows on, FP8 products quantize each activation row to e4m3 with
+// s = max|x| / 448 and scale the fp8 dot products by s·s_w. Checked against a scalar reference
+// written here (sums in double), on both CPU paths (sgemm tiles, batch-invariant dots); fewer
+// rows and other formats are untouched by the switch.
+TEST(PackedMatmul, Fp8PrefillQuantizesActivationsPerRow) {
+  const int64_t out = 48, in = 160;
+  const auto w = randn(size_t(out * in), 71, 0.05f);
+  const QuantizedMatrix q = quantize_matrix(w.data(), out, in, QuantFormat::FP8, 0, false, 4);
+  const QuantizedMatrix q8 = quantize_matrix(w.data(), out, in, QuantFormat::INT8, 0, false, 4);
+  for (bool invariant : {false, true}) {
+    CpuBackend b(2, invariant);
+    const Weight packed = b.load_quantized_weight(pack_matrix(q).view(), "fp8");
+    const Weight packed8 = b.load_quantized_weight(pack_matrix(q8).view(), "int8");
+    for (int64_t n : {int64_t(64), kFp8PrefillMinRows, int64_t(100)}) {
+      auto x = randn(size_t(n * in), 5 + uint64_t(n));
+      for (int64_t k = 0; k < in; ++k) x[size_t(3 * in + k)] = 0.f;  // an all-zero row: scale 1, output 0
+      for (int64_t k = 0; k < in; ++k) x[size_t(5 * in + k)] *= 1e-3f;  // rows of very different ranges
+      b.set_fp8_prefill(false);
+      const auto weight_only = cpu_matmul(b, packed, x, n), int8_off = cpu_matmul(b, packed8, x, n);
+      b.set_fp8_prefill(true);
+      const auto got = cpu_matmul(b, packed, x, n);
+      EXPECT_EQ(cpu_matmul(b, packed8, x, n), int8_off) << "int8 weights are not affected";
+      if (n < kFp8PrefillMinRows) {
+        EXPECT_EQ(got, weight_only) << "N=" << n << ": below the threshold the product stays weight-only";
+        continue;
+      }
+      std::vector<float> ref(size_t(n * out));
+      for (int64_t r = 0; r < n; ++r) {
+        float amax = 0.f;
+        for (int64_t k = 0; k < in; ++k) amax = std::max(amax, std::fabs(x[size_t(r * in + k)]));
+        const float sx = amax > 0.f ? amax / 448.f : 1.f;
+        for (int64_t o = 0; o < out; ++o) {
+          double acc = 0;
+          for (int64_t k = 0; k < in; ++k)
+            acc += double(fp8_e4m3_to_f32(f32_to_fp8_e4m3(x[size_t(r * in + k)] / sx))) *
+                   double(fp8_e4m3_to_f32(q.data[size_t(o * in + k)]));
+          ref[size_t(r * out + o)] = float(acc * sx * q.scales[size_t(o)]);
+        }
+      }
+      EXPECT_LT(rel_err(got, ref), 1e-6) << "N=" << n << " invariant=" << invariant;
+      for (int64_t o = 0; o < out; ++o) EXPECT_EQ(got[size_t(3 * out + o)], 0.f);
+      // Activation rounding (3 mantissa bits) is visible against the weight-only product, and small.
+      const double e = rel_err(got, weight_only);
+      EXPECT_GT(e, 1e-3) << "N=" << n;
+      EXPECT_LT(e, 0.05) << "N=" << n;
+    }
+  }
+}
+
 // The canonical form decodes to the reference dequantization value by value (within f32 rounding).
 TEST(PackedMatmul, CanonicalMappingMatchesDequantize) {
   CpuBackend b(1);

@@ -9,7 +9,9 @@
 // so s·q + b = s·(q − z) exactly) and one rounding for zero points and MLX biases.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_dot.h"
@@ -100,6 +102,7 @@ void CpuBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   SALA_CHECK(x.dtype == DType::F32 && y.dtype == DType::F32, "cpu matmul: x and y must be f32 (got {}, {})",
              dtype_name(x.dtype), dtype_name(y.dtype));
   const int64_t N = x.rows, out = w.out(), in = w.in();
+  if (fp8_prefill_ && w.format == WeightFormat::FP8 && N >= kFp8PrefillMinRows) return matmul_fp8_activations(x, w, y);
   const float* a = static_cast<const float*>(x.data);
   float* c = static_cast<float*>(y.data);
   bool rows_dot = N <= kRowDotMax || batch_invariant_;  // batch-invariant: no sgemm (cpu_backend.h)
@@ -129,6 +132,59 @@ void CpuBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
                 int(in), 0.0f, c + o0, int(y.cols));
   }
 #endif
+}
+
+// --fp8-prefill (W8A8): each row of x quantized to e4m3 with its own scale s_x = max|x| / 448
+// (round to nearest even of x / s_x, as the CUDA kernel and cuBLASLt's fp8 inputs), then
+// y[n, o] = (Σ_k q_x[n, k]·q_w[o, k]) · s_x[n] · s_w[o] with the e4m3 values exact in f32.
+void CpuBackend::matmul_fp8_activations(const Mat& x, const Weight& w, Mat y) {
+  const int64_t N = x.rows, out = w.out(), in = w.in();
+  SALA_CHECK(w.group == in, "cpu fp8 prefill: FP8 weight with {} groups per row (expected one scale per row)",
+             in / w.group);
+  const auto& t = fp8_table();
+  const float* a = static_cast<const float*>(x.data);
+  std::vector<float> xq(static_cast<size_t>(N * in)), sx(static_cast<size_t>(N));
+  pool_.parallel_for(N, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* xr = a + n * x.cols;
+      float amax = 0.f;
+      for (int64_t k = 0; k < in; ++k) amax = std::max(amax, std::fabs(xr[k]));
+      const float s = amax > 0.f ? amax / 448.f : 1.f;
+      sx[size_t(n)] = s;
+      for (int64_t k = 0; k < in; ++k) xq[size_t(n * in + k)] = t[f32_to_fp8_e4m3(xr[k] / s)];
+    }
+  });
+  const auto* codes = static_cast<const uint8_t*>(w.w.data);
+  const float* sw = static_cast<const float*>(w.scales);
+  float* c = static_cast<float*>(y.data);
+#ifdef SALA_HAS_OPENBLAS
+  if (!batch_invariant_) {  // blocks of unscaled rows through sgemm, then the two scales
+    const int64_t block = std::clamp<int64_t>(kTileFloats / in, 16, out);
+    std::vector<float> tile(static_cast<size_t>(block * in));
+    for (int64_t o0 = 0; o0 < out; o0 += block) {
+      const int64_t nb = std::min(block, out - o0);
+      pool_.parallel_for(nb, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t k = 0; k < in; ++k) tile[size_t(r * in + k)] = t[codes[(o0 + r) * in + k]];
+      });
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(N), int(nb), int(in), 1.0f, xq.data(), int(in),
+                  tile.data(), int(in), 0.0f, c + o0, int(y.cols));
+    }
+    pool_.parallel_for(N, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t o = 0; o < out; ++o) c[n * y.cols + o] = c[n * y.cols + o] * sx[size_t(n)] * sw[o];
+    });
+    return;
+  }
+#endif
+  pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
+    std::vector<float> row(static_cast<size_t>(in));
+    for (int64_t o = o0; o < o1; ++o) {
+      for (int64_t k = 0; k < in; ++k) row[size_t(k)] = t[codes[o * in + k]];
+      for (int64_t n = 0; n < N; ++n)
+        c[n * y.cols + o] = cpu::dot(xq.data() + n * in, row.data(), in) * sx[size_t(n)] * sw[o];
+    }
+  });
 }
 
 }  // namespace sala

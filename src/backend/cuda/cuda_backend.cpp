@@ -1,6 +1,7 @@
 // CUDA backend: memory, weights, caches, batch metadata and the op dispatch (kernels in *.cu).
 #include "backend/cuda/cuda_backend.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -69,7 +70,6 @@ void same_shape(const Mat& a, const Mat& b, const char* op) {
 }
 
 constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-constexpr size_t kCublasWorkspace = 32u << 20;
 
 }  // namespace
 
@@ -144,6 +144,7 @@ CudaBackend::~CudaBackend() {
   for (void* p : {k_, v_, k1_, k2_, static_cast<void*>(states_), static_cast<void*>(log_decay_)})
     if (p) cudaFree(p);
   if (cublas_) cublasDestroy(cublas_);
+  if (cublas_lt_) cublasLtDestroy(cublas_lt_);
   if (cublas_ws_) cudaFree(cublas_ws_);
   if (stream_) cudaStreamDestroy(stream_);
 }

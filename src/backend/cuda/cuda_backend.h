@@ -19,8 +19,12 @@
 #include "backend/cuda/kernels.h"
 
 typedef struct cublasContext* cublasHandle_t;
+typedef struct cublasLtContext* cublasLtHandle_t;
 
 namespace sala {
+
+// cuBLAS / cuBLASLt workspace (one, shared: both run on the backend's stream).
+inline constexpr size_t kCublasWorkspace = 32u << 20;
 
 // Grow-only device allocation (never shrinks; contents are not preserved on growth).
 class DeviceArena {
@@ -80,6 +84,8 @@ class CudaBackend final : public Backend {
   Weight random_quantized_weight(WeightFormat format, int64_t rows, int64_t cols, int64_t group, float std,
                                  uint64_t seed) override;
   void synchronize() override;
+  // --fp8-prefill: cuBLASLt's fp8 GEMM with per-row scales (cuda_quant.cpp); sm_89 or newer.
+  void set_fp8_prefill(bool on) override;
 
   void create_caches(const CacheSpec& spec) override;
   void reset_state(int slot) override;
@@ -154,6 +160,9 @@ class CudaBackend final : public Backend {
   void gemm_cublas(const Mat& x, const Weight& w, Mat y);
   void matmul_packed(const Mat& x, const Weight& w, Mat y);  // cuda_quant.cpp
   void matmul_group_packed(const Mat& x, std::span<const MatmulPart> parts);  // cuda_quant.cpp
+  // The reason the fp8 prefill product cannot take this weight and output (empty: it can).
+  std::string fp8_prefill_unfit(const Weight& w, const Mat& y) const;  // cuda_quant.cpp
+  void matmul_fp8_activations(const void* xb, int64_t N, const Weight& w, Mat y);  // cuda_quant.cpp
   const void* packed_input(const Mat& x);  // x as 8-byte aligned bf16 rows
   int qgemv_warps() const;
   Weight alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group);
@@ -168,6 +177,7 @@ class CudaBackend final : public Backend {
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  cublasLtHandle_t cublas_lt_ = nullptr;  // created by set_fp8_prefill(true)
   void* cublas_ws_ = nullptr;
   bool use_gemv_ = true;
   int gemv_mode_ = 0;
@@ -219,6 +229,7 @@ class CudaBackend final : public Backend {
   // Scratch.
   DeviceArena x_bf16_;     // x converted for cuBLAS
   DeviceArena qscratch_;   // packed weights: row blocks dequantized to bf16 for cuBLAS (fixed size)
+  DeviceArena fp8x_;       // --fp8-prefill: activations as e4m3 rows, then their scales
   DeviceArena sel_;        // selection lists
   DeviceArena scores_;     // stage-1 chunk scores
   DeviceArena keys_;       // pooled block keys

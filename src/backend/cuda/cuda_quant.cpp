@@ -3,11 +3,16 @@
 // and matmul runs the packed decode GEMV for N ≤ 64 (q8/fp8) / 128 (q4) (quant_gemv.cu; matmul_group:
 // one grouped launch for N ≤ 32) and, above, dequantizes row blocks into a fixed bf16 scratch that
 // cuBLAS multiplies (prefill is compute bound: the extra pass costs ~2.6 bytes per weight against
-// 2·N FLOPs per weight of tensor-core work).
+// 2·N FLOPs per weight of tensor-core work). With --fp8-prefill, per-row FP8 weights multiply
+// prefill rows in fp8 instead (cuBLASLt, activations quantized per row: W8A8).
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -137,6 +142,15 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   // Batch-invariant backends: one fixed launch shape (8 warps) in launches of ≤ 8 rows, up to 64 rows.
   const int64_t rows_per_launch = batch_invariant_ ? 8 : 32;
   const int64_t launches = (N + rows_per_launch - 1) / rows_per_launch;
+  if (fp8_prefill_ && w.format == WeightFormat::FP8 && N >= kFp8PrefillMinRows) {
+    const std::string unfit = fp8_prefill_unfit(w, y);
+    if (unfit.empty()) return matmul_fp8_activations(xb, N, w, y);
+    static std::once_flag warned;  // visible, once: this product keeps the weight-only path
+    std::call_once(warned, [&] {
+      std::fprintf(stderr, "warning: --fp8-prefill: %s; such products stay weight-only (bf16 activations)\n",
+                   unfit.c_str());
+    });
+  }
   const double code_bytes = w.format == WeightFormat::Q4 ? 0.5 : 1.0;
   if (use_gemv_ && (batch_invariant_ ? N <= 64 : double(launches) * code_bytes <= 2.0)) {
     for (int64_t n0 = 0; n0 < N; n0 += rows_per_launch)
@@ -158,6 +172,106 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
                                    static_cast<uint8_t*>(y.data) + size_t(o0) * ysize,
                                    y.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F, int(y.cols), CUBLAS_COMPUTE_32F,
                                    CUBLAS_GEMM_DEFAULT));
+  }
+}
+
+void CudaBackend::set_fp8_prefill(bool on) {
+  if (on) {
+    SALA_CHECK(props_.major * 10 + props_.minor >= 89,
+               "--fp8-prefill: fp8 tensor cores need compute capability 8.9 or newer; {} has {}.{}", props_.name,
+               props_.major, props_.minor);
+    if (!cublas_lt_) SALA_CUBLAS_CHECK(cublasLtCreate(&cublas_lt_));
+  }
+  fp8_prefill_ = on;
+}
+
+std::string CudaBackend::fp8_prefill_unfit(const Weight& w, const Mat& y) const {
+  if (w.group != w.in()) return fmt::format("an FP8 weight with {} scales per row", w.in() / w.group);
+  // cuBLASLt's fp8 operands: leading dimensions multiples of 16 bytes, D of 16 bytes.
+  if (w.in() % 16 != 0) return fmt::format("{} input columns are not a multiple of 16", w.in());
+  if ((y.cols * int64_t(dtype_size(y.dtype))) % 16 != 0 || (reinterpret_cast<uintptr_t>(y.data) & 15) != 0)
+    return fmt::format("an output of {} columns ({}) is not 16-byte aligned", y.cols, dtype_name(y.dtype));
+  if (size_t(w.in()) * 16 + 256 + 64 > qscratch_.capacity())
+    return fmt::format("a row block of {} columns does not fit the {} MiB scratch", w.in(), qscratch_.capacity() >> 20);
+  return {};
+}
+
+namespace {
+
+// cuBLASLt descriptors, destroyed with the scope.
+struct LtDeleter {
+  void operator()(cublasLtMatmulDescOpaque_t* p) const { cublasLtMatmulDescDestroy(p); }
+  void operator()(cublasLtMatrixLayoutOpaque_t* p) const { cublasLtMatrixLayoutDestroy(p); }
+  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const { cublasLtMatmulPreferenceDestroy(p); }
+};
+template <typename T>
+using LtPtr = std::unique_ptr<std::remove_pointer_t<T>, LtDeleter>;
+
+LtPtr<cublasLtMatrixLayout_t> lt_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
+  cublasLtMatrixLayout_t l = nullptr;
+  SALA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, uint64_t(rows), uint64_t(cols), ld));
+  return LtPtr<cublasLtMatrixLayout_t>(l);
+}
+
+template <typename V>
+void lt_set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const V& v) {
+  SALA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof v));
+}
+
+}  // namespace
+
+// y = (x quantized per row to e4m3) · (W's e4m3 codes)ᵀ scaled by s_x[n]·s_w[o] (cuBLASLt outer-
+// vector scales, fp32 accumulation). In cuBLASLt's column-major terms: D[rows, N] = Aᵀ·B with A
+// the weight rows (K × rows, ld in) and B the quantized x (K × N), so the A scales are the weight's
+// per-row scales and the B scales the activations'. Row blocks of W are copied out of the GEMV
+// tile layout into qscratch_ (1 byte per weight, with the block's scales after the codes).
+void CudaBackend::matmul_fp8_activations(const void* xb, int64_t N, const Weight& w, Mat y) {
+  const int64_t in = w.in(), out = w.out();
+  const size_t xq_bytes = align256(size_t(N * in));
+  auto* xq = static_cast<uint8_t*>(fp8x_.reserve(xq_bytes + size_t(N) * 4));
+  float* xs = reinterpret_cast<float*>(xq + xq_bytes);
+  cuda::launch_quant_rows_fp8(xb, in, N, in, xq, xs, stream_);
+
+  const int64_t block = std::min<int64_t>(out, int64_t((qscratch_.capacity() - 256) / size_t(in + 4)) / 16 * 16);
+  auto* wq = static_cast<uint8_t*>(qscratch_.data());
+  float* ws = reinterpret_cast<float*>(wq + align256(size_t(block * in)));
+
+  cublasLtMatmulDesc_t desc_raw = nullptr;
+  SALA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_raw, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const LtPtr<cublasLtMatmulDesc_t> desc(desc_raw);
+  lt_set(desc_raw, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+  lt_set(desc_raw, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  lt_set(desc_raw, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, outer);
+  lt_set(desc_raw, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, outer);
+  lt_set(desc_raw, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(ws));
+  lt_set(desc_raw, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(xs));
+  const cudaDataType_t dtype = y.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const auto lb = lt_layout(CUDA_R_8F_E4M3, in, N, in);
+  LtPtr<cublasLtMatmulPreference_t> pref;
+  {
+    cublasLtMatmulPreference_t p = nullptr;
+    SALA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&p));
+    pref.reset(p);
+    const uint64_t ws_bytes = kCublasWorkspace;
+    SALA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                           sizeof ws_bytes));
+  }
+  const float alpha = 1.f, beta = 0.f;
+  for (int64_t o0 = 0; o0 < out; o0 += block) {
+    const int64_t rows = std::min(block, out - o0);
+    cuda::launch_qcanonical_fp8(qweight(w), o0, rows, wq, ws, stream_);
+    const auto la = lt_layout(CUDA_R_8F_E4M3, in, rows, in);
+    const auto ld = lt_layout(dtype, rows, N, y.cols);
+    cublasLtMatmulHeuristicResult_t heur{};
+    int found = 0;
+    SALA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublas_lt_, desc_raw, la.get(), lb.get(), ld.get(), ld.get(),
+                                                     pref.get(), 1, &heur, &found));
+    SALA_CHECK(found > 0, "--fp8-prefill: cuBLASLt has no fp8 GEMM for [{}, {}] x [{}, {}] -> {} on {}", N, in, rows,
+               in, dtype_name(y.dtype), props_.name);
+    void* d = static_cast<uint8_t*>(y.data) + size_t(o0) * dtype_size(y.dtype);
+    SALA_CUBLAS_CHECK(cublasLtMatmul(cublas_lt_, desc_raw, &alpha, wq, la.get(), xq, lb.get(), &beta, d, ld.get(), d,
+                                     ld.get(), &heur.algo, cublas_ws_, kCublasWorkspace, stream_));
   }
 }
 
