@@ -140,18 +140,24 @@ if want quant-bench; then
         --contexts 4k,32k --batches 1,8,32 --decode-steps 32 --json "$OUT/quant-$q.json"
       if [ "$LAST_RC" -eq 0 ]; then note "quant-$q" ok "$LAST_DT" "quant-$q.json"; else note "quant-$q" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
     done
+    # fp8 with the prompt on fp8 tensor cores (--fp8-prefill, W8A8): the prefill column is the point.
+    run "quant-fp8-prefill" "$OUT/quant_bench.log" timeout 300 "$SALA" bench --random 9b --backend cuda --quant fp8 \
+      --fp8-prefill --contexts 4k,32k --batches 1 --decode-steps 32 --json "$OUT/quant-fp8-prefill.json"
+    if [ "$LAST_RC" -eq 0 ]; then note "quant-fp8-pf" ok "$LAST_DT" "quant-fp8-prefill.json"; else note "quant-fp8-pf" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
   else
     note quant-bench skipped 0 "no sala binary"
   fi
 fi
 # Quality of the packed formats on the full 9B shape (random weights): the dense bf16 model's
-# logits against each format's, 10240 positions (sparse regime), lm_head kept and quantized.
+# logits against each format's, 10240 positions (sparse regime), lm_head kept and quantized, and
+# fp8 with its prompt chunks through --fp8-prefill (W8A8).
 if want quant-quality; then
   if [ -x "$SALA" ]; then
-    for lm in "" --lm-head; do
-      tag=quant-quality${lm:+-lm-head}
-      run "$tag" "$OUT/$tag.log" timeout 400 "$SALA" quant-quality --random 9b --backend cuda $lm \
-        --formats fp8,int8,int4 --positions 10240 --chunk 2048 --decode 64 --json "$OUT/$tag.json"
+    for variant in ":fp8,int8,int4" "--lm-head:fp8,int8,int4" "--fp8-prefill:fp8"; do
+      flag=${variant%%:*} formats=${variant#*:}
+      tag=quant-quality${flag:+-${flag#--}}
+      run "$tag" "$OUT/$tag.log" timeout 400 "$SALA" quant-quality --random 9b --backend cuda $flag \
+        --formats "$formats" --positions 10240 --chunk 2048 --decode 64 --json "$OUT/$tag.json"
       if [ "$LAST_RC" -eq 0 ]; then note "$tag" ok "$LAST_DT" "$tag.json"; else note "$tag" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
     done
   else

@@ -3,10 +3,13 @@
 // llama.cpp's `perplexity --kl-divergence` for our formats. The dense weights are quantized in
 // memory exactly as `sala quantize` would write them (quantize_weights), so no checkpoint is
 // written; with --random the full-size shapes run on the GPU in minutes (the host quantizes, one
-// matrix at a time, on all cores).
+// matrix at a time, on all cores). --text scores a real text's tokens instead of random ids: on a
+// real checkpoint, the quality the formats give on real activations (outlier channels included).
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
@@ -22,6 +25,7 @@
 #include "model/presets.h"
 #include "model/quant.h"
 #include "model/weights.h"
+#include "tokenizer/tokenizer.h"
 
 namespace sala::cli {
 namespace {
@@ -45,9 +49,23 @@ Format parse_format(const std::string& name, int group, bool lm_head) {
   return f;
 }
 
+// The first `limit` tokens of a text file under the model directory's tokenizer.
+std::vector<int32_t> text_tokens(const std::string& model_dir, const std::string& file, int64_t limit) {
+  std::ifstream f(file, std::ios::binary);
+  SALA_CHECK(bool(f), "quant-quality: cannot read --text '{}'", file);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  SALA_CHECK(std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json"),
+             "quant-quality: --text: model directory '{}' has no tokenizer.json", model_dir);
+  std::vector<int32_t> ids = Tokenizer::load(model_dir).encode(ss.str(), /*add_special_tokens=*/true);
+  if (int64_t(ids.size()) > limit) ids.resize(size_t(limit));
+  SALA_CHECK(ids.size() >= 2, "quant-quality: --text '{}' holds fewer than 2 tokens", file);
+  return ids;
+}
+
 Runner setup(CLI::App& app) {
   struct Opts {
-    std::string model, random, formats = "fp8,int8,int4", json;
+    std::string model, random, formats = "fp8,int8,int4", json, text;
     int group = 64;
     bool lm_head = false;
     int64_t positions = 1024, chunk = 256, decode = 64;
@@ -68,10 +86,16 @@ Runner setup(CLI::App& app) {
   app.add_option("--decode", o->decode, "of the positions, the last ones run one decode step each")
       ->capture_default_str();
   app.add_option("--token-seed", o->token_seed, "seed of the random token ids")->capture_default_str();
+  app.add_option("--text", o->text, "score the first --positions tokens of this text file (MODEL's tokenizer) "
+                                    "instead of random ids: the quality on real activations");
   app.add_option("--json", o->json, "write the rows as JSON here");
   o->backend.add(app);
   return [o] {
     SALA_CHECK(o->model.empty() != o->random.empty(), "quant-quality: give a MODEL directory or --random PRESET");
+    SALA_CHECK(o->text.empty() || o->random.empty(),
+               "quant-quality: --text needs a MODEL directory with a tokenizer (--random has none)");
+    std::vector<int32_t> text_ids;  // --text: the positions scored (the text may be shorter than --positions)
+    if (!o->text.empty()) text_ids = text_tokens(o->model, o->text, o->positions), o->positions = int64_t(text_ids.size());
     SALA_CHECK(o->positions >= 1 && o->chunk >= 1 && o->decode >= 0 && o->decode < o->positions,
                "quant-quality: need positions ≥ 1, chunk ≥ 1 and 0 ≤ decode < positions (got {}, {}, {})",
                o->positions, o->chunk, o->decode);
@@ -100,8 +124,15 @@ Runner setup(CLI::App& app) {
       return ckpt ? bind_weights(config, *ckpt, *backend) : random_weights(config, *backend, o->seed);
     };
     std::vector<int32_t> tokens(size_t(o->positions));
-    for (size_t i = 0; i < tokens.size(); ++i)
-      tokens[i] = int32_t(3 + splitmix64(o->token_seed * 0x9e3779b97f4a7c15ull + i) % uint64_t(config.vocab_size - 3));
+    if (!o->text.empty()) {
+      tokens = text_ids;
+      for (const int32_t t : tokens)
+        SALA_CHECK(t >= 0 && t < config.vocab_size, "quant-quality: '{}' encodes token {} outside the vocabulary ({})",
+                   o->text, t, config.vocab_size);
+    } else {
+      for (size_t i = 0; i < tokens.size(); ++i)
+        tokens[i] = int32_t(3 + splitmix64(o->token_seed * 0x9e3779b97f4a7c15ull + i) % uint64_t(config.vocab_size - 3));
+    }
     const ModelLimits limits{.max_batch_tokens = o->chunk, .max_logit_rows = o->chunk};
     auto logits_of = [&](ModelWeights w) {
       Model model(config, std::move(w), *backend, limits);
@@ -118,8 +149,8 @@ Runner setup(CLI::App& app) {
                  (long long)(o->positions - o->decode), (long long)o->chunk, (long long)o->decode, secs(t0));
     ThreadPool pool;
     nlohmann::json rows = nlohmann::json::array();
-    std::printf("model: %s, backend %s, %lld positions, lm_head %s%s\n", label.c_str(), backend->name().c_str(),
-                (long long)o->positions, o->lm_head ? "quantized" : "kept dense",
+    std::printf("model: %s, backend %s, %lld positions (%s), lm_head %s%s\n", label.c_str(),
+                backend->name().c_str(), (long long)o->positions, o->text.empty() ? "random ids" : o->text.c_str(), o->lm_head ? "quantized" : "kept dense",
                 backend->fp8_prefill() ? ", fp8 prefill (W8A8 prompt chunks for fp8)" : "");
     std::printf("| format | bytes/param | logit rel. error | top-1 agreement | mean KL | max KL |\n");
     std::printf("|---|---|---|---|---|---|\n");
@@ -142,7 +173,7 @@ Runner setup(CLI::App& app) {
       std::ofstream f(o->json);
       SALA_CHECK(bool(f), "quant-quality: cannot write '{}'", o->json);
       f << nlohmann::json{{"model", label}, {"backend", backend->name()}, {"positions", o->positions},
-                          {"chunk", o->chunk}, {"decode", o->decode}, {"fp8_prefill", backend->fp8_prefill()}, {"rows", rows}}
+                          {"chunk", o->chunk}, {"decode", o->decode}, {"text", o->text}, {"fp8_prefill", backend->fp8_prefill()}, {"rows", rows}}
                .dump(2)
         << "\n";
     }

@@ -50,6 +50,33 @@ grep -q '"top1"' "$tmp/qq.json" || fail "quant-quality: no JSON rows"
 out=$("$SALA" quant-quality --random tiny --formats int4-sym --lm-head --positions 40 --chunk 16 --decode 4 \
   --backend cpu 2>/dev/null) || fail "quant-quality --random"
 grep -q "^| int4-sym g64 | 0.625 |" <<<"$out" || fail "quant-quality --random --lm-head: $out"
+# --text: the first --positions tokens of a text file (the model's tokenizer) instead of random ids.
+printf 'The quick brown fox jumps over the lazy dog. %.0s' $(seq 40) >"$tmp/text.txt"
+out=$("$SALA" quant-quality "$tmp/f32" --text "$tmp/text.txt" --formats int8 --positions 64 --chunk 32 --decode 4 \
+  --backend cpu --json "$tmp/qt.json" 2>"$tmp/qt.err") || fail "quant-quality --text: $(cat "$tmp/qt.err")"
+grep -q "64 positions ($tmp/text.txt)" <<<"$out" || fail "quant-quality --text: header: $out"
+grep -q "\"text\": \"$tmp/text.txt\"" "$tmp/qt.json" || fail "quant-quality --text: JSON"
+printf 'short' >"$tmp/short.txt"
+out=$("$SALA" quant-quality "$tmp/f32" --text "$tmp/short.txt" --formats int8 --positions 64 --chunk 32 --decode 1 \
+  --backend cpu 2>/dev/null) || fail "quant-quality --text short"
+grep -Eq "[0-9]+ positions \($tmp/short.txt\)" <<<"$out" && ! grep -q "64 positions" <<<"$out" ||
+  fail "quant-quality --text: a short text is not truncated to its tokens: $out"
+! "$SALA" quant-quality --random tiny --text "$tmp/text.txt" 2>"$tmp/err" || fail "--text with --random accepted"
+grep -q "needs a MODEL directory" "$tmp/err" || fail "--text --random message: $(cat "$tmp/err")"
+# --fp8-prefill: W8A8 prompt chunks for fp8 (a different, still close, row), said in the header;
+# models without fp8 weights get a warning.
+out=$("$SALA" quant-quality "$tmp/f32" --formats fp8 --positions 200 --chunk 100 --decode 4 --backend cpu \
+  --fp8-prefill 2>/dev/null) || fail "quant-quality --fp8-prefill"
+grep -q "fp8 prefill (W8A8" <<<"$out" || fail "--fp8-prefill not in the header: $out"
+w8a8=$(grep "^| fp8 |" <<<"$out")
+wo=$("$SALA" quant-quality "$tmp/f32" --formats fp8 --positions 200 --chunk 100 --decode 4 --backend cpu 2>/dev/null |
+  grep "^| fp8 |")
+[ "$w8a8" != "$wo" ] || fail "--fp8-prefill changed nothing: $w8a8"
+awk -F'|' '{ exit !($4 > 0 && $4 < 0.3 && $5 > 0.5) }' <<<"$w8a8" || fail "--fp8-prefill row: $w8a8"
+"$SALA" logits "$tmp/fp8" --tokens 1,5,6 --fp8-prefill --out "$tmp/pf.npy" 2>"$tmp/pf.err" || fail "logits --fp8-prefill"
+grep -q "fp8 prefill: on" "$tmp/pf.err" || fail "fp8 model: no fp8 prefill note: $(cat "$tmp/pf.err")"
+"$SALA" logits "$tmp/int8" --tokens 1,5,6 --fp8-prefill --out "$tmp/pf8.npy" 2>"$tmp/pf8.err" || fail "int8 --fp8-prefill"
+grep -q "warning: --fp8-prefill has no effect" "$tmp/pf8.err" || fail "int8 model: no warning: $(cat "$tmp/pf8.err")"
 ! "$SALA" quant-quality "$tmp/f32" --formats int5 2>"$tmp/err" || fail "quant-quality: int5 accepted"
 grep -q "unknown format 'int5'" "$tmp/err" || fail "quant-quality format message: $(cat "$tmp/err")"
 ! "$SALA" quant-quality "$tmp/int8" 2>"$tmp/err" || fail "quant-quality: quantized MODEL accepted"

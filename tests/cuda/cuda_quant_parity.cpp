@@ -374,7 +374,7 @@ void test_fp8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
     auto x = randn(size_t(c.n * c.in), 3 + uint64_t(c.n));
     for (int64_t k = 0; k < c.in; ++k) x[size_t(c.in + k)] = round_bf16(x[size_t(c.in + k)] * 1e-3f);  // ranges differ
     const std::string name = strf("fp8 prefill [%lld, %lld] N=%lld y %s", (long long)c.out, (long long)c.in,
-                                  (long long)c.n, dtype_name(c.yd));
+                                  (long long)c.n, std::string(dtype_name(c.yd)).c_str());
     try {
       gpu.set_fp8_prefill(false);
       const auto off = run_matmul(gpu, wg, x, c.n, DType::BF16, c.yd);
@@ -388,7 +388,9 @@ void test_fp8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
         check(got == off, name, "stays weight-only (equal to the switch off)");
         continue;
       }
-      // Top-1 per row and relative error: bf16 output rounding (~2e-3) and the GEMM's summation order.
+      // Top-1 per row and relative error: bf16 output rounding (~2e-3); f32 output: the fp8 tensor
+      // cores' partial sums carry fewer than fp32's bits (cuBLASLt promotes them at intervals; H200:
+      // 2.4e-4 at K = 1024, against ~1e-6 for an fp32 summation order).
       int64_t agree = 0;
       for (int64_t r = 0; r < c.n; ++r) {
         const auto row = [&](const std::vector<float>& v) { return v.begin() + r * c.out; };
@@ -396,7 +398,7 @@ void test_fp8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
                  std::max_element(row(ref), row(ref) + c.out) - row(ref);
       }
       const double e = rel_err(got, ref), e_off = rel_err(got, off);
-      check(e < (c.yd == DType::F32 ? 1e-4 : 6e-3) && agree >= c.n * 95 / 100 && e_off > 1e-3, name,
+      check(e < (c.yd == DType::F32 ? 1e-3 : 6e-3) && agree >= c.n * 95 / 100 && e_off > 1e-3, name,
             strf("rel %.2e vs CPU W8A8, top-1 %lld/%lld, rel %.2e vs weight-only", e, (long long)agree, (long long)c.n,
                  e_off));
     } catch (const std::exception& ex) {
