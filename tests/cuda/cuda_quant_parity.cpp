@@ -138,9 +138,11 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
     bool big;
   };
   // 72×200: per-row formats whose last tile is partial (200 % 32 != 0). 8200×256, 32800×64: the
-  // automatic N ≤ 8 launch shape changes past 8192, 16384 and 32768 rows.
-  const S shapes[] = {{64, 64 * 3, false}, {200, 384, false},   {129, 768, false},  {72, 200, false},
-                      {8200, 256, false},  {32800, 64, false}, {4096, 4096, true}, {1000, 16384, true}};
+  // automatic N ≤ 8 launch shape changes past 8192, 16384 and 32768 rows. 16400×512, 32800×256:
+  // the batched (9–32 rows) kernel's 4 and 8 row blocks per CTA (4096×4096, 1000×16384: 2).
+  const S shapes[] = {{64, 64 * 3, false}, {200, 384, false},    {129, 768, false},   {72, 200, false},
+                      {8200, 256, false},  {32800, 64, false},  {16400, 512, false}, {32800, 256, false},
+                      {4096, 4096, true},  {1000, 16384, true}};
   for (const Fmt& f : kFormats)
     for (const S& s : shapes) {
       if (f.group && s.in % f.group) continue;

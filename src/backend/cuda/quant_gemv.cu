@@ -42,6 +42,7 @@
 // bit for bit). The automatic shape is that of one matrix of all the parts' rows.
 // The launch lets the next PDL kernel start (griddepcontrol.launch_dependents) once every CTA is
 // resident: its weights then stream in while this grid's last CTAs drain.
+#include <algorithm>
 #include <cstdlib>
 
 #include "core/rng.h"
@@ -50,9 +51,9 @@
 
 namespace sala::cuda {
 
-// Tuning knobs for tests and benchmarks (not for production use): nt_variant picks the row
-// blocks per CTA for N > 8 (0: automatic, 1: one, 2: two); trigger = false launches no dependent
-// early. Declared where used (cuda_quant_parity.cpp, cuda_bench.cpp).
+// Tuning knobs for tests and benchmarks (not for production use): nt_variant picks the kernel for
+// N > 8 (0: automatic, 1/2: the GEMV below with one/two row blocks per CTA, 3: the row-split
+// batched kernel, which must apply); trigger = false launches no dependent early. Declared where used (cuda_quant_parity.cpp, cuda_bench.cpp).
 void set_qgemv_tuning(int nt_variant, bool trigger);
 // N ≤ 8: the launch shape (0: automatic; 1..8: fixed shapes, see qgemv_f). Benchmarks only.
 void set_qgemv_small_variant(int v);
@@ -486,6 +487,171 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   }
 }
 
+// Batched decode (9 to 32 rows: verification, batches): the row-split kernel. At N = 32 the
+// kernel above re-reads x (N·in·2 bytes) from L2 in every CTA of 16–32 rows — 2–4× the CTA's
+// weight bytes — and decodes each A fragment through f32. Here a CTA of 8 warps owns RB row
+// blocks (RB = 8, 4 or 2: about two CTAs per SM for the launch's rows), each row block's tiles
+// split over KS = 8 / RB warps, and x goes through shared memory once per CTA in chunks of
+// KC = 4·KS tile widths (double-buffered), as f16·2⁻⁴ for FP8/Q8 (one cvt per e4m3 pair, as XH)
+// and bf16 for Q4. A warp keeps 4 tiles per stage and two stages of codes in flight; the KS
+// partial sums of a row block meet in shared memory at the end. Per-row formats flush once,
+// tile-group formats (group % tile_k == 0) per group. in % KC == 0 (the launcher checks).
+constexpr int kBatchWarps = 8, kBatchTiles = 4;
+
+template <int FMT, int NT, int RB, bool PR>
+__global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvSet set, const bf16* __restrict__ x,
+                                                                      int ldx, int N, int y_f32, int trigger) {
+  constexpr int KT = tile_k(FMT), MT = KT / 16, KS = kBatchWarps / RB, KC = kBatchTiles * KS * KT;
+  constexpr int XS = KC + 16;  // x row stride in 16-bit values: +32 bytes keeps the 8 rows a warp reads on distinct banks
+  constexpr bool XH = FMT != kQ4, kBias = FMT != kFP8;
+  extern __shared__ uint4 dyn_smem[];
+  uint16_t* xs = reinterpret_cast<uint16_t*>(dyn_smem);  // [2][NT·8][XS]; after the loop: red[KS][RB·16][NT·8]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int r = warp % RB, ks = warp / RB;
+  const PartBlock pb = find_part<RB>(set, blockIdx.x);
+  const QWeight& w = set.part[pb.part].w;
+  const int in = int(set.part[0].w.in), G = int(set.part[0].w.group), ktiles = in / KT, groups = in / G;
+  const int rbs = int((w.out + 15) / 16), rb = pb.rb0 + r;
+  const int rbc = min(rb, rbs - 1);  // a warp past the last row block re-reads it (not stored)
+  const uint4* codes = static_cast<const uint4*>(w.codes) + size_t(rbc) * size_t(ktiles) * 32 + lane;
+  const float4* params = reinterpret_cast<const float4*>(w.params) + size_t(rbc) * size_t(groups) * 8 + g;
+  constexpr bool per_row = PR;  // one scale per row (G == in): one flush at the end
+  const int tpg = per_row ? 1 : G / KT;  // tiles per group (tile groups)
+  const int chunks = in / KC;
+
+  // Tile i of a warp in chunk c: k = c·4·KS + ks + KS·i.
+  uint4 cA[kBatchTiles], cB[kBatchTiles];
+  float4 pA[kBatchTiles], pB[kBatchTiles];
+  auto load = [&](int c, uint4 (&cw)[kBatchTiles], float4 (&pt)[kBatchTiles]) {
+#pragma unroll
+    for (int i = 0; i < kBatchTiles; ++i) {
+      const int k = c * kBatchTiles * KS + ks + KS * i;
+      cw[i] = ld_stream(codes + size_t(k) * 32);
+      pt[i] = per_row ? make_float4(0.f, 0.f, 0.f, 0.f) : ld_param(params + (k / tpg) * 8);
+    }
+  };
+  // x columns [c·KC, (c+1)·KC) of the N rows into buffer b (rows ≥ N: zeros, never stored).
+  auto stage_x = [&](int c, int b) {
+    uint16_t* dst = xs + size_t(b) * NT * 8 * XS;
+    for (int i = threadIdx.x; i < NT * 8 * (KC / 4); i += kBatchWarps * 32) {
+      const int n = i / (KC / 4), q = i % (KC / 4);
+      uint2 v = n < N ? *reinterpret_cast<const uint2*>(x + size_t(n) * ldx + size_t(c) * KC + 4 * q) : make_uint2(0, 0);
+      if constexpr (XH) {
+        const float f0 = __uint_as_float(v.x << 16) * kXhScale, f1 = __uint_as_float(v.x & 0xffff0000u) * kXhScale;
+        const float f2 = __uint_as_float(v.y << 16) * kXhScale, f3 = __uint_as_float(v.y & 0xffff0000u) * kXhScale;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(v.x) : "f"(f1), "f"(f0));
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(v.y) : "f"(f3), "f"(f2));
+      }
+      *reinterpret_cast<uint2*>(dst + n * XS + 4 * q) = v;
+    }
+  };
+
+  load(0, cA, pA);  // weights never depend on earlier kernels: requested before the wait
+  const float4 prow = per_row ? ld_param(params) : make_float4(0.f, 0.f, 0.f, 0.f);
+  grid_dep_wait();
+  if (trigger) launch_dependents();
+  stage_x(0, 0);
+
+  const uint32_t one2 = XH ? 0x3C003C00u : 0x3F803F80u;
+  const uint32_t ones[4] = {one2, one2, one2, one2};
+  float cf[NT][4], cq[NT][4], cx[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cf[nt][i] = cq[nt][i] = cx[nt][i] = 0.f;
+  // cf += s·cq + b·cx (the scales of the flushed group), then cq = cx = 0.
+  auto flush = [&](float4 p) {
+    float s0 = p.x, b0 = p.y, s1 = p.z, b1 = p.w;
+    if constexpr (FMT == kFP8) s0 *= 1.f / kFp8Unit, s1 *= 1.f / kFp8Unit;
+    if constexpr (FMT == kQ4) b0 = fmaf(-128.f, s0, b0), b1 = fmaf(-128.f, s1, b1);
+    if constexpr (XH) s0 *= 1.f / kXhScale, s1 *= 1.f / kXhScale, b0 *= 1.f / kXhScale, b1 *= 1.f / kXhScale;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      cf[nt][0] = fmaf(s0, cq[nt][0], cf[nt][0]);
+      cf[nt][1] = fmaf(s0, cq[nt][1], cf[nt][1]);
+      cf[nt][2] = fmaf(s1, cq[nt][2], cf[nt][2]);
+      cf[nt][3] = fmaf(s1, cq[nt][3], cf[nt][3]);
+      if constexpr (kBias) {
+        cf[nt][0] = fmaf(b0, cx[nt][0], cf[nt][0]);
+        cf[nt][1] = fmaf(b0, cx[nt][1], cf[nt][1]);
+        cf[nt][2] = fmaf(b1, cx[nt][2], cf[nt][2]);
+        cf[nt][3] = fmaf(b1, cx[nt][3], cf[nt][3]);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cq[nt][i] = cx[nt][i] = 0.f;
+    }
+  };
+  auto compute = [&](int c, const uint4 (&cw)[kBatchTiles], const float4 (&pt)[kBatchTiles]) {
+    const uint16_t* xb = xs + size_t(c & 1) * NT * 8 * XS;
+#pragma unroll
+    for (int i = 0; i < kBatchTiles; ++i) {
+      const int k = c * kBatchTiles * KS + ks + KS * i, kc = (ks + KS * i) * KT;  // tile, its column in the chunk
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        uint2 xf[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+          xf[nt] = *reinterpret_cast<const uint2*>(xb + (nt * 8 + g) * XS + kc + 16 * j + 4 * t);
+        if constexpr (kBias)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) mma_x<XH>(cx[nt], ones, xf[nt]);
+        uint32_t a[4];
+        decode_x<FMT, XH>(cw[i], j, a);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mma_x<XH>(cq[nt], a, xf[nt]);
+      }
+      // Tile groups: flush when this warp's next tile (k + KS) lies in another group (a group's tiles
+      // may be spread over the KS warps: each flushes its own part with the group's scales).
+      if (!per_row && k / tpg != (k + KS) / tpg) flush(pt[i]);
+    }
+  };
+
+  // Chunk c: its codes were requested one chunk earlier, its x staged one chunk earlier (the
+  // barrier makes the staging of every thread visible; the other buffer is free once every
+  // warp is past it).
+  for (int c = 0; c < chunks; c += 2) {
+    if (c + 1 < chunks) load(c + 1, cB, pB);
+    __syncthreads();
+    compute(c, cA, pA);
+    if (c + 1 >= chunks) break;
+    stage_x(c + 1, 1);
+    if (c + 2 < chunks) load(c + 2, cA, pA);
+    __syncthreads();
+    compute(c + 1, cB, pB);
+    if (c + 2 < chunks) stage_x(c + 2, 0);
+  }
+  if (per_row) flush(prow);
+
+  // The KS warps of a row block: partial sums through shared memory (x buffers reused).
+  __syncthreads();
+  float* red = reinterpret_cast<float*>(dyn_smem);  // [KS][RB·16][NT·8]
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    float* rr = red + (size_t(ks) * RB * 16 + r * 16) * NT * 8 + nt * 8 + 2 * t;
+    rr[g * NT * 8] = cf[nt][0];
+    rr[g * NT * 8 + 1] = cf[nt][1];
+    rr[(g + 8) * NT * 8] = cf[nt][2];
+    rr[(g + 8) * NT * 8 + 1] = cf[nt][3];
+  }
+  __syncthreads();
+  // The part looked up again (nothing of the first lookup stays live through the main loop).
+  const PartBlock pe = find_part<RB>(set, cta_index_again());
+  const QGemvPart& part = set.part[pe.part];
+  for (int i = threadIdx.x; i < RB * 16 * NT * 8; i += kBatchWarps * 32) {
+    const int row = i / (NT * 8), n = i % (NT * 8);
+    const int64_t o = int64_t(pe.rb0) * 16 + row;
+    if (n < N && o < part.w.out) {
+      float v = 0.f;
+#pragma unroll
+      for (int si = 0; si < KS; ++si) v += red[(size_t(si) * RB * 16 + row) * NT * 8 + n];
+      if (y_f32)
+        static_cast<float*>(part.y)[size_t(n) * part.ldy + o] = v;
+      else
+        static_cast<bf16*>(part.y)[size_t(n) * part.ldy + o] = __float2bfloat16_rn(v);
+    }
+  }
+}
+
 // One thread per lane piece of the row blocks [rb0, rb0 + nrb): rows [row0, row0 + rows) of W.
 // Index arithmetic in 32 bits (≤ 2^31 pieces per call, checked by the launcher).
 template <int FMT>
@@ -755,6 +921,46 @@ void qgemv_act(const QArgs& a) {
   return qgemv_act_f<FMT, false, false>(a);
 }
 
+// The row-split batched kernel (qgemv_batch_kernel) for 9–32 rows: per-row formats or tile groups,
+// in a multiple of its chunk. Row blocks per CTA: about two CTAs per SM for the launch's rows.
+template <int FMT, int NT, int RB, bool PR>
+void qgemv_batch_cfg(const QArgs& a) {
+  constexpr int KS = kBatchWarps / RB, KC = kBatchTiles * KS * tile_k(FMT);
+  const size_t smem = std::max(size_t(2) * NT * 8 * (KC + 16) * 2, size_t(KS) * RB * 16 * NT * 8 * 4);
+  static const bool attr = [smem] {  // once per instantiation: shared memory beyond 48 KB
+    return cudaFuncSetAttribute(qgemv_batch_kernel<FMT, NT, RB, PR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                int(smem)) == cudaSuccess;
+  }();
+  SALA_CUDA_REQUIRE(attr, "qgemv batch: shared memory attribute refused");
+  QGemvSet set = a.set;
+  unsigned blocks = 0;
+  for (int i = 0; i < set.count; ++i) {
+    set.first[i] = blocks;
+    blocks += unsigned(((set.part[i].w.out + 15) / 16 + RB - 1) / RB);
+  }
+  set.first[set.count] = blocks;
+  launch_pdl(a.pdl, qgemv_batch_kernel<FMT, NT, RB, PR>, dim3(blocks), dim3(kBatchWarps * 32), smem, a.st, set,
+             static_cast<const bf16*>(a.x), int(a.ldx), a.N, int(a.dty == kF32), int(g_trigger && a.pdl));
+}
+
+template <int FMT, int NT, bool PR>
+bool qgemv_batch_pr(const QArgs& a) {
+  const QWeight& w = a.set.part[0].w;
+  const int64_t rbs = (a.rows + 15) / 16;
+  // ~2 CTAs per SM (132 on an H100/H200): 8 row blocks per CTA from ~2100 row blocks, 4 from ~1050.
+  if (rbs >= 2048 && w.in % (kBatchTiles * 1 * tile_k(FMT)) == 0) return qgemv_batch_cfg<FMT, NT, 8, PR>(a), true;
+  if (rbs >= 1024 && w.in % (kBatchTiles * 2 * tile_k(FMT)) == 0) return qgemv_batch_cfg<FMT, NT, 4, PR>(a), true;
+  if (w.in % (kBatchTiles * 4 * tile_k(FMT)) == 0) return qgemv_batch_cfg<FMT, NT, 2, PR>(a), true;
+  return false;
+}
+template <int FMT, int NT>
+bool qgemv_batch(const QArgs& a) {
+  const QWeight& w = a.set.part[0].w;
+  if (w.group == w.in) return qgemv_batch_pr<FMT, NT, true>(a);
+  if (w.group % tile_k(FMT) == 0) return qgemv_batch_pr<FMT, NT, false>(a);
+  return false;
+}
+
 template <int FMT>
 void qgemv_f(const QArgs& a, int warps) {
   if (a.N <= 8) {
@@ -765,6 +971,11 @@ void qgemv_f(const QArgs& a, int warps) {
   }
   // N > 8: one decode of each A fragment feeds 2 or 4 n-tiles. Two row blocks per CTA share the
   // x fragments (x bytes per code byte: 2·N / (16·R) for Q4's 4 mmas per 16-byte piece).
+  // Automatic: the row-split kernel where it applies (g_nt_variant 1/2 force the one above).
+  if (g_nt_variant == 0 || g_nt_variant == 3) {
+    if (a.N <= 16 ? qgemv_batch<FMT, 2>(a) : qgemv_batch<FMT, 4>(a)) return;
+    SALA_CUDA_REQUIRE(g_nt_variant == 0, "qgemv: the batched kernel does not take this shape");
+  }
   const bool two = g_nt_variant == 2 || (g_nt_variant == 0 && (a.rows + 15) / 16 >= 1024);
   if (a.N <= 16) {
     if (two) return qgemv_cfg<FMT, 2, 2, 2, 8>(a);
