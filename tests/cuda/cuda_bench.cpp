@@ -199,6 +199,54 @@ int run_bench(int argc, char** argv) {
     return 0;
   }
 
+  // SALA_BENCH_ONLY=qgemv-batch: packed products of 16 and 32 rows (batched decode) per format
+  // and shape — the kernels for N > 8 (auto; old: the GEMV with 1/2 row blocks per CTA; rb2/4/8:
+  // the row-split kernel's row blocks per CTA) against cuBLAS on the bf16 weight.
+  if (!all_sections && std::strcmp(only_env, "qgemv-batch") == 0) {
+    struct F {
+      const char* name;
+      WeightFormat f;
+      int64_t group;
+    };
+    for (auto [out, in] : {std::pair<int64_t, int64_t>{4096, 4096}, {16384, 4096}, {32768, 4096}, {4096, 16384}}) {
+      const int copies_bf = int(std::max<size_t>(1, (size_t(256) << 20) / size_t(out * in * 2)));
+      std::vector<Weight> wb;
+      for (int c = 0; c < copies_bf; ++c) wb.push_back(be.random_weight(out, in, 0.f, 0.02f, 11 + c));
+      for (F f : {F{"fp8", WeightFormat::FP8, 0}, F{"int8", WeightFormat::Q8, 0}, F{"int4", WeightFormat::Q4, 64}}) {
+        const int64_t group = f.group ? f.group : in;
+        std::vector<Weight> ws{be.random_quantized_weight(f.f, out, in, group, 0.02f, 11)};
+        const size_t wbytes = ws[0].nbytes();
+        const int copies = int(std::max<size_t>(1, (size_t(256) << 20) / wbytes));
+        for (int c = 1; c < copies; ++c) ws.push_back(be.random_quantized_weight(f.f, out, in, group, 0.02f, 11 + c));
+        for (int n : {16, 32}) {
+          auto xb = be.alloc(size_t(n * in) * 2), yb = be.alloc(size_t(n * out) * 2);
+          Mat x = xb->mat(DType::BF16, n, in), y = yb->mat(DType::BF16, n, out);
+          auto xh = host_rand(size_t(n * in), 1.f, 5);
+          be.upload(x, xh.data());
+          char buf[96];
+          const double bf = time_us(be, 20, [&](int i) { be.matmul(x, wb[size_t(i % copies_bf)], y); });
+          std::snprintf(buf, sizeof buf, ": bf16 cuBLAS %.2f (%.2f TB/s)", bf, double(out * in * 2) / bf * 1e-6);
+          std::string line = std::string("qgemv batch ") + f.name + " " + std::to_string(out) + "x" + std::to_string(in) +
+                             " N=" + std::to_string(n) + buf;
+          const char* names[] = {"auto", "old1", "old2", "", "rb2", "rb4", "rb8"};
+          for (int v : {0, 1, 2, 4, 5, 6}) {
+            sala::cuda::set_qgemv_tuning(v, true);
+            try {
+              const double us = time_us(be, 20, [&](int i) { be.matmul(x, ws[size_t(i % copies)], y); });
+              std::snprintf(buf, sizeof buf, " %s %.2f (%.2f TB/s)", names[v], us, double(wbytes) / us * 1e-6);
+            } catch (const std::exception&) {
+              std::snprintf(buf, sizeof buf, " %s n/a", names[v]);
+            }
+            line += buf;
+          }
+          sala::cuda::set_qgemv_tuning(0, true);
+          std::printf("%s us (%zu MiB packed)\n", line.c_str(), wbytes >> 20);
+        }
+      }
+    }
+    return 0;
+  }
+
   // Decode products: GEMV at N = 1..8 (bandwidth bound on the weight).
   if (all_sections) {
     struct S {

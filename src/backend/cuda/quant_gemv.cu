@@ -53,7 +53,8 @@ namespace sala::cuda {
 
 // Tuning knobs for tests and benchmarks (not for production use): nt_variant picks the kernel for
 // N > 8 (0: automatic, 1/2: the GEMV below with one/two row blocks per CTA, 3: the row-split
-// batched kernel, which must apply); trigger = false launches no dependent early. Declared where used (cuda_quant_parity.cpp, cuda_bench.cpp).
+// batched kernel, 4/5/6: it with 2/4/8 row blocks per CTA — these must apply); trigger = false
+// launches no dependent early. Declared where used (cuda_quant_parity.cpp, cuda_bench.cpp).
 void set_qgemv_tuning(int nt_variant, bool trigger);
 // N ≤ 8: the launch shape (0: automatic; 1..8: fixed shapes, see qgemv_f). Benchmarks only.
 void set_qgemv_small_variant(int v);
@@ -947,10 +948,20 @@ template <int FMT, int NT, bool PR>
 bool qgemv_batch_pr(const QArgs& a) {
   const QWeight& w = a.set.part[0].w;
   const int64_t rbs = (a.rows + 15) / 16;
+  const bool fit8 = w.in % (kBatchTiles * 1 * tile_k(FMT)) == 0, fit4 = w.in % (kBatchTiles * 2 * tile_k(FMT)) == 0,
+             fit2 = w.in % (kBatchTiles * 4 * tile_k(FMT)) == 0;
+  // Benchmarks: 4, 5, 6 force 2, 4, 8 row blocks per CTA.
+  if (g_nt_variant >= 4) {
+    const int rb = g_nt_variant == 4 ? 2 : g_nt_variant == 5 ? 4 : 8;
+    if (rb == 8 && fit8) return qgemv_batch_cfg<FMT, NT, 8, PR>(a), true;
+    if (rb == 4 && fit4) return qgemv_batch_cfg<FMT, NT, 4, PR>(a), true;
+    if (rb == 2 && fit2) return qgemv_batch_cfg<FMT, NT, 2, PR>(a), true;
+    return false;
+  }
   // ~2 CTAs per SM (132 on an H100/H200): 8 row blocks per CTA from ~2100 row blocks, 4 from ~1050.
-  if (rbs >= 2048 && w.in % (kBatchTiles * 1 * tile_k(FMT)) == 0) return qgemv_batch_cfg<FMT, NT, 8, PR>(a), true;
-  if (rbs >= 1024 && w.in % (kBatchTiles * 2 * tile_k(FMT)) == 0) return qgemv_batch_cfg<FMT, NT, 4, PR>(a), true;
-  if (w.in % (kBatchTiles * 4 * tile_k(FMT)) == 0) return qgemv_batch_cfg<FMT, NT, 2, PR>(a), true;
+  if (rbs >= 2048 && fit8) return qgemv_batch_cfg<FMT, NT, 8, PR>(a), true;
+  if (rbs >= 1024 && fit4) return qgemv_batch_cfg<FMT, NT, 4, PR>(a), true;
+  if (fit2) return qgemv_batch_cfg<FMT, NT, 2, PR>(a), true;
   return false;
 }
 template <int FMT, int NT>
@@ -972,7 +983,7 @@ void qgemv_f(const QArgs& a, int warps) {
   // N > 8: one decode of each A fragment feeds 2 or 4 n-tiles. Two row blocks per CTA share the
   // x fragments (x bytes per code byte: 2·N / (16·R) for Q4's 4 mmas per 16-byte piece).
   // Automatic: the row-split kernel where it applies (g_nt_variant 1/2 force the one above).
-  if (g_nt_variant == 0 || g_nt_variant == 3) {
+  if (g_nt_variant == 0 || g_nt_variant >= 3) {
     if (a.N <= 16 ? qgemv_batch<FMT, 2>(a) : qgemv_batch<FMT, 4>(a)) return;
     SALA_CUDA_REQUIRE(g_nt_variant == 0, "qgemv: the batched kernel does not take this shape");
   }
