@@ -195,6 +195,20 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
                                   shape.c_str(), v),
                   strf("rel %.2e", e));
           }
+          // The row-split batched kernel with 2, 4 and 8 row blocks per CTA, where its chunk divides in.
+          for (int v : {4, 5, 6}) {
+            cuda::set_qgemv_tuning(v, true);
+            try {
+              e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::F32), ref);
+            } catch (const std::exception& ex) {
+              e = std::string(ex.what()).find("does not take this shape") != std::string::npos ? -1.0 : INFINITY;
+            }
+            cuda::set_qgemv_tuning(0, true);
+            if (e >= 0)
+              check(e < tol32, strf("packed matmul %s N=%lld %s batched, %d row blocks/CTA", f.name, (long long)n,
+                                    shape.c_str(), v == 4 ? 2 : v == 5 ? 4 : 8),
+                    strf("rel %.2e", e));
+          }
         }
         if (n <= 8 && !s.big) {
           for (int v = 1; v <= 21; ++v) {  // every fixed N ≤ 8 launch shape (tiles/stage, warps, CTAs/SM, late or shared-memory params, row blocks)

@@ -488,10 +488,10 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   }
 }
 
-// Batched decode (9 to 32 rows: verification, batches): the row-split kernel. At N = 32 the
-// kernel above re-reads x (N·in·2 bytes) from L2 in every CTA of 16–32 rows — 2–4× the CTA's
-// weight bytes — and decodes each A fragment through f32. Here a CTA of 8 warps owns RB row
-// blocks (RB = 8, 4 or 2: about two CTAs per SM for the launch's rows), each row block's tiles
+// Batched decode (9 to 32 rows: verification, batches): the row-split kernel, for matrices of
+// 16384+ rows (qgemv_batch_pr). At N = 32 the kernel above re-reads x (N·in·2 bytes) from L2 in
+// every CTA of 16–32 rows — 2–4× the CTA's weight bytes — and decodes each A fragment through
+// f32. Here a CTA of 8 warps owns RB row blocks (RB = 8, 4 or 2), each row block's tiles
 // split over KS = 8 / RB warps, and x goes through shared memory once per CTA in chunks of
 // KC = 4·KS tile widths (double-buffered), as f16·2⁻⁴ for FP8/Q8 (one cvt per e4m3 pair, as XH)
 // and bf16 for Q4. A warp keeps 4 tiles per stage and two stages of codes in flight; the KS
@@ -958,10 +958,13 @@ bool qgemv_batch_pr(const QArgs& a) {
     if (rb == 2 && fit2) return qgemv_batch_cfg<FMT, NT, 2, PR>(a), true;
     return false;
   }
-  // ~2 CTAs per SM (132 on an H100/H200): 8 row blocks per CTA from ~2100 row blocks, 4 from ~1050.
+  // Automatic, from the qgemv-batch sweep (H200, bench/results/2026-11-25-h200-qgemv-batch.md):
+  // ~2 CTAs per SM — 8 row blocks per CTA from 2048 row blocks, 4 from 1024 (fp8 16384×4096 at
+  // N = 32: 72.2 → 40.6 µs, 32768×4096 141 → 66 µs); fewer rows (4096: o_proj, down) stay on the
+  // GEMV above, which is faster there, as is int4 at 17–32 rows below 2048 row blocks.
   if (rbs >= 2048 && fit8) return qgemv_batch_cfg<FMT, NT, 8, PR>(a), true;
-  if (rbs >= 1024 && fit4) return qgemv_batch_cfg<FMT, NT, 4, PR>(a), true;
-  if (fit2) return qgemv_batch_cfg<FMT, NT, 2, PR>(a), true;
+  if (rbs >= 1024 && fit4 && (FMT != kQ4 || NT == 2)) return qgemv_batch_cfg<FMT, NT, 4, PR>(a), true;
+  if (g_nt_variant == 3 && fit2) return qgemv_batch_cfg<FMT, NT, 2, PR>(a), true;  // forced: any rows
   return false;
 }
 template <int FMT, int NT>
