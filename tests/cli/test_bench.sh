@@ -25,6 +25,13 @@ grep -Eq "^context +batch .*wts MiB +K/V MiB +K1K2 MiB +state MiB +work MiB +pea
 for p in decode ttft memory; do is_png "$tmp/plots/bench-$p.png"; done
 [ ! -e "$tmp/plots/bench.json" ] || fail "--json was given, yet bench.json was written into the plot directory"
 grep -q "A6000D" "$SALA_ROOT/tools/plot_bench.py" || fail "plot_bench.py lost the authors' reference"
+# --batch-context takes sizes like --contexts; a bad one is an error naming it.
+$SALA bench --random tiny --backend cpu -t 2 --contexts 64 --batches 2 --batch-context 0.25k --decode-steps 1 \
+  >/dev/null 2>"$tmp/bc.err" && fail "--batch-context 0.25k accepted"
+grep -q "bad size '0.25k'" "$tmp/bc.err" || fail "--batch-context message: $(cat "$tmp/bc.err")"
+$SALA bench --random tiny --backend cpu -t 2 --contexts 64 --batches 2 --batch-context 1k --decode-steps 1 \
+  >"$tmp/bc.out" 2>/dev/null || fail "--batch-context 1k refused"
+grep -Eq "^1024 +2 " "$tmp/bc.out" || fail "--batch-context 1k: no 1024-token batch row: $(cat "$tmp/bc.out")"
 
 # info --context uses the same accounting: the 512-token batch-1 row's caches in f32 (CPU).
 $SALA info --preset tiny --context 512 --cache-dtype f32 >"$tmp/info"
