@@ -204,8 +204,10 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
               e = std::string(ex.what()).find("does not take this shape") != std::string::npos ? -1.0 : INFINITY;
             }
             cuda::set_qgemv_tuning(0, true);
+            // 8 row blocks per CTA: one warp sums a whole row in one fp32 chain (int8: Σx·q with
+            // q up to 255 against b·Σx, b = −128·s): 2.5e-5 at 16384 columns, H200.
             if (e >= 0)
-              check(e < tol32, strf("packed matmul %s N=%lld %s batched, %d row blocks/CTA", f.name, (long long)n,
+              check(e < std::max(tol32, 5e-5), strf("packed matmul %s N=%lld %s batched, %d row blocks/CTA", f.name, (long long)n,
                                     shape.c_str(), v == 4 ? 2 : v == 5 ? 4 : 8),
                     strf("rel %.2e", e));
           }
