@@ -221,8 +221,41 @@ __device__ __forceinline__ void mma_x(float d[4], const uint32_t a[4], uint2 b) 
 // under the bf16 output's rounding), larger ones (|x| ≥ 2^20, no sane activation) overflow.
 constexpr float kXhScale = 1.f / 16.f;
 
-// d = a·b + c (c may be a literal zero: the compiler then feeds RZ).
-__device__ __forceinline__ void mma_acc(float d[4], const uint32_t a[4], uint2 b) { mma16816(d, a, b.x, b.y); }
+
+// cf += s·cq + b·cx for one row block, from its group's float4 {s, b, s, b} (rows g, g + 8), in
+// the units the codes and x were decoded in; then cq = 0 (cx is the caller's: shared by row blocks).
+template <int FMT, bool XH, int NT>
+__device__ __forceinline__ void flush_group(float (&cf)[NT][4], float (&cq)[NT][4], const float (&cx)[NT][4],
+                                            float4 p) {
+  float s0 = p.x, b0 = p.y, s1 = p.z, b1 = p.w;
+  if constexpr (FMT == kFP8) s0 *= 1.f / kFp8Unit, s1 *= 1.f / kFp8Unit;
+  if constexpr (FMT == kQ4) b0 = fmaf(-128.f, s0, b0), b1 = fmaf(-128.f, s1, b1);
+  if constexpr (XH) s0 *= 1.f / kXhScale, s1 *= 1.f / kXhScale, b0 *= 1.f / kXhScale, b1 *= 1.f / kXhScale;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    float* c = cf[nt];
+    c[0] = fmaf(s0, cq[nt][0], c[0]);
+    c[1] = fmaf(s0, cq[nt][1], c[1]);
+    c[2] = fmaf(s1, cq[nt][2], c[2]);
+    c[3] = fmaf(s1, cq[nt][3], c[3]);
+    if constexpr (FMT != kFP8) {  // FP8 has no bias
+      c[0] = fmaf(b0, cx[nt][0], c[0]);
+      c[1] = fmaf(b0, cx[nt][1], c[1]);
+      c[2] = fmaf(b1, cx[nt][2], c[2]);
+      c[3] = fmaf(b1, cx[nt][3], c[3]);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cq[nt][i] = 0.f;
+  }
+}
+
+// y[n, o] of a part, f32 or rounded to bf16.
+__device__ __forceinline__ void store_y(const QGemvPart& part, int n, int64_t o, float v, int y_f32) {
+  if (y_f32)
+    static_cast<float*>(part.y)[size_t(n) * part.ldy + o] = v;
+  else
+    static_cast<bf16*>(part.y)[size_t(n) * part.ldy + o] = __float2bfloat16_rn(v);
+}
 
 // Tiles k = s·W·U + warp + W·u (u < U) form stage s of a warp; a CTA's warps read W·U
 // consecutive tiles of each of its row blocks per stage.
@@ -338,28 +371,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
       for (int r = 0; r < R; ++r) cf[r][nt][i] = cq[r][nt][i] = 0.f;
     }
   // cf += s·cq + b·cx for row block r; clears cq (the caller clears cx).
-  auto flush = [&](int r, float4 p) {
-    float s0 = p.x, b0 = p.y, s1 = p.z, b1 = p.w;
-    if constexpr (FMT == kFP8) s0 *= 1.f / kFp8Unit, s1 *= 1.f / kFp8Unit;
-    if constexpr (FMT == kQ4) b0 = fmaf(-128.f, s0, b0), b1 = fmaf(-128.f, s1, b1);
-    if constexpr (XH) s0 *= 1.f / kXhScale, s1 *= 1.f / kXhScale, b0 *= 1.f / kXhScale, b1 *= 1.f / kXhScale;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      float* c = cf[r][nt];
-      c[0] = fmaf(s0, cq[r][nt][0], c[0]);
-      c[1] = fmaf(s0, cq[r][nt][1], c[1]);
-      c[2] = fmaf(s1, cq[r][nt][2], c[2]);
-      c[3] = fmaf(s1, cq[r][nt][3], c[3]);
-      if constexpr (kBias) {
-        c[0] = fmaf(b0, cx[nt][0], c[0]);
-        c[1] = fmaf(b0, cx[nt][1], c[1]);
-        c[2] = fmaf(b1, cx[nt][2], c[2]);
-        c[3] = fmaf(b1, cx[nt][3], c[3]);
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) cq[r][nt][i] = 0.f;
-    }
-  };
+  auto flush = [&](int r, float4 p) { flush_group<FMT, XH, NT>(cf[r], cq[r], cx, p); };
   auto clear_cx = [&]() {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -480,10 +492,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
       float v = 0.f;
 #pragma unroll
       for (int wi = 0; wi < W; ++wi) v += red[wi][row][n];
-      if (y_f32)
-        static_cast<float*>(part.y)[size_t(n) * part.ldy + o] = v;
-      else
-        static_cast<bf16*>(part.y)[size_t(n) * part.ldy + o] = __float2bfloat16_rn(v);
+      store_y(part, n, o, v, y_f32);
     }
   }
 }
@@ -560,27 +569,12 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) cf[nt][i] = cq[nt][i] = cx[nt][i] = 0.f;
-  // cf += s·cq + b·cx (the scales of the flushed group), then cq = cx = 0.
-  auto flush = [&](float4 p) {
-    float s0 = p.x, b0 = p.y, s1 = p.z, b1 = p.w;
-    if constexpr (FMT == kFP8) s0 *= 1.f / kFp8Unit, s1 *= 1.f / kFp8Unit;
-    if constexpr (FMT == kQ4) b0 = fmaf(-128.f, s0, b0), b1 = fmaf(-128.f, s1, b1);
-    if constexpr (XH) s0 *= 1.f / kXhScale, s1 *= 1.f / kXhScale, b0 *= 1.f / kXhScale, b1 *= 1.f / kXhScale;
+  auto flush = [&](float4 p) {  // the group's scales; both sums restart
+    flush_group<FMT, XH, NT>(cf, cq, cx, p);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      cf[nt][0] = fmaf(s0, cq[nt][0], cf[nt][0]);
-      cf[nt][1] = fmaf(s0, cq[nt][1], cf[nt][1]);
-      cf[nt][2] = fmaf(s1, cq[nt][2], cf[nt][2]);
-      cf[nt][3] = fmaf(s1, cq[nt][3], cf[nt][3]);
-      if constexpr (kBias) {
-        cf[nt][0] = fmaf(b0, cx[nt][0], cf[nt][0]);
-        cf[nt][1] = fmaf(b0, cx[nt][1], cf[nt][1]);
-        cf[nt][2] = fmaf(b1, cx[nt][2], cf[nt][2]);
-        cf[nt][3] = fmaf(b1, cx[nt][3], cf[nt][3]);
-      }
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) cq[nt][i] = cx[nt][i] = 0.f;
-    }
+      for (int i = 0; i < 4; ++i) cx[nt][i] = 0.f;
   };
   auto compute = [&](int c, const uint4 (&cw)[kBatchTiles], const float4 (&pt)[kBatchTiles]) {
     const uint16_t* xb = xs + size_t(c & 1) * NT * 8 * XS;
@@ -645,10 +639,7 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
       float v = 0.f;
 #pragma unroll
       for (int si = 0; si < KS; ++si) v += red[(size_t(si) * RB * 16 + row) * NT * 8 + n];
-      if (y_f32)
-        static_cast<float*>(part.y)[size_t(n) * part.ldy + o] = v;
-      else
-        static_cast<bf16*>(part.y)[size_t(n) * part.ldy + o] = __float2bfloat16_rn(v);
+      store_y(part, n, o, v, y_f32);
     }
   }
 }
