@@ -259,9 +259,10 @@ class Backend {
   virtual void reset_memory_peak() {}  // e.g. after a benchmark's own scratch buffers are freed
 
   // `--fp8-prefill` (docs/quantization.md "fp8 prefill"): products of per-row FP8 weights with at
-  // least kFp8PrefillMinRows rows (prefill chunks) quantize each activation row to e4m3 with its
-  // own scale and multiply in fp8 (W8A8: y = s_x·s_w·Σ q_x·q_w); fewer rows (decode, verify) keep
-  // the weight-only product. Off by default. A backend that cannot run it says so here.
+  // least kFp8PrefillMinRows rows (prompt chunks; decode steps of more than 64 sequences) quantize
+  // each activation row to e4m3 with its own scale and multiply in fp8 (W8A8: y = s_x·s_w·Σ q_x·q_w);
+  // fewer rows (decode, speculative verification of up to 64 rows) keep the weight-only product.
+  // Off by default. A backend that cannot run it says so here.
   virtual void set_fp8_prefill(bool on) { fp8_prefill_ = on; }
   bool fp8_prefill() const { return fp8_prefill_; }
 
@@ -270,7 +271,7 @@ class Backend {
 };
 
 // Fewest rows of a product that `--fp8-prefill` quantizes: above the 64 rows the packed decode
-// GEMV takes (CUDA), so decode and speculative verification never see activation rounding.
+// GEMV takes (CUDA), so decode batches of up to 64 rows never see activation rounding.
 constexpr int64_t kFp8PrefillMinRows = 65;
 
 // Backends available in this build: "cpu", and "cuda" when compiled with CUDA.

@@ -19,7 +19,7 @@ void BackendOptions::add(CLI::App& app) {
                "with it, the thread count or speculation (CPU: slower prefill; CUDA: fixed decode kernels, slower decode)");
   app.add_flag("--fp8-prefill", fp8_prefill,
                "FP8 checkpoints: prefill products (65+ rows) quantize each activation row to e4m3 and run on fp8 "
-               "tensor cores (W8A8: faster prefill, a little more error; decode stays weight-only)");
+               "tensor cores (W8A8: faster prefill, a little more error; decode batches of up to 64 rows stay weight-only)");
 }
 
 std::unique_ptr<Backend> BackendOptions::make() const {
