@@ -201,7 +201,8 @@ int run_bench(int argc, char** argv) {
 
   // SALA_BENCH_ONLY=qgemv-batch: packed products of 16 and 32 rows (batched decode) per format
   // and shape — the kernels for N > 8 (auto; old: the GEMV with 1/2 row blocks per CTA; rb2/4/8:
-  // the row-split kernel's row blocks per CTA) against cuBLAS on the bf16 weight.
+  // the row-split kernel's row blocks per CTA; split8: it with the columns split 8 ways) against
+  // cuBLAS on the bf16 weight.
   if (!all_sections && std::strcmp(only_env, "qgemv-batch") == 0) {
     struct F {
       const char* name;
@@ -228,8 +229,8 @@ int run_bench(int argc, char** argv) {
           std::snprintf(buf, sizeof buf, ": bf16 cuBLAS %.2f (%.2f TB/s)", bf, double(out * in * 2) / bf * 1e-6);
           std::string line = std::string("qgemv batch ") + f.name + " " + std::to_string(out) + "x" + std::to_string(in) +
                              " N=" + std::to_string(n) + buf;
-          const char* names[] = {"auto", "old1", "old2", "", "rb2", "rb4", "rb8"};
-          for (int v : {0, 1, 2, 4, 5, 6}) {
+          const char* names[] = {"auto", "old1", "old2", "", "rb2", "rb4", "rb8", "split8"};
+          for (int v : {0, 1, 2, 4, 5, 6, 7}) {
             sala::cuda::set_qgemv_tuning(v, true);
             try {
               const double us = time_us(be, 20, [&](int i) { be.matmul(x, ws[size_t(i % copies)], y); });

@@ -195,8 +195,9 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
                                   shape.c_str(), v),
                   strf("rel %.2e", e));
           }
-          // The row-split batched kernel with 2, 4 and 8 row blocks per CTA, where its chunk divides in.
-          for (int v : {4, 5, 6}) {
+          // The row-split batched kernel with 2, 4 and 8 row blocks per CTA and the column split
+          // (7: 8 row blocks, columns over 8 CTAs, a reduction kernel), where its chunks divide in.
+          for (int v : {4, 5, 6, 7}) {
             cuda::set_qgemv_tuning(v, true);
             try {
               e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::F32), ref);
@@ -207,8 +208,9 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
             // 8 row blocks per CTA: one warp sums a whole row in one fp32 chain (int8: Σx·q with
             // q up to 255 against b·Σx, b = −128·s): 2.5e-5 at 16384 columns, H200.
             if (e >= 0)
-              check(e < std::max(tol32, 5e-5), strf("packed matmul %s N=%lld %s batched, %d row blocks/CTA", f.name, (long long)n,
-                                    shape.c_str(), v == 4 ? 2 : v == 5 ? 4 : 8),
+              check(e < std::max(tol32, 5e-5), strf("packed matmul %s N=%lld %s batched, %d row blocks/CTA%s", f.name,
+                                    (long long)n, shape.c_str(), v == 4 ? 2 : v == 5 ? 4 : 8,
+                                    v == 7 ? ", columns split" : ""),
                     strf("rel %.2e", e));
           }
         }

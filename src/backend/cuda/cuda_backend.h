@@ -164,6 +164,9 @@ class CudaBackend final : public Backend {
   std::string fp8_prefill_unfit(const Weight& w, const Mat& y) const;  // cuda_quant.cpp
   void matmul_fp8_activations(const void* xb, int64_t N, const Weight& w, Mat y);  // cuda_quant.cpp
   const void* packed_input(const Mat& x);  // x as 8-byte aligned bf16 rows
+  // The column-split workspace for a packed product of n rows (≤ 32) and `rows` outputs, or null
+  // where the split does not apply (cuda_quant.cpp).
+  float* qsplit_workspace(int64_t n, int64_t rows, size_t* floats);
   int qgemv_warps() const;
   Weight alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group);
   const float* inv_freq(double theta, int head_dim);
@@ -230,6 +233,7 @@ class CudaBackend final : public Backend {
   DeviceArena x_bf16_;     // x converted for cuBLAS
   DeviceArena qscratch_;   // packed weights: row blocks dequantized to bf16 for cuBLAS (fixed size)
   DeviceArena fp8x_;       // --fp8-prefill: activations as e4m3 rows, then their scales
+  DeviceArena qsplit_;     // packed 9–32-row products of few rows: the column split's partial sums
   DeviceArena sel_;        // selection lists
   DeviceArena scores_;     // stage-1 chunk scores
   DeviceArena keys_;       // pooled block keys

@@ -123,6 +123,13 @@ const void* CudaBackend::packed_input(const Mat& x) {
   return tmp;
 }
 
+float* CudaBackend::qsplit_workspace(int64_t n, int64_t rows, size_t* floats) {
+  *floats = 0;
+  if (n <= 8 || n > 32 || rows >= cuda::kQSplitMaxRows || batch_invariant_) return nullptr;
+  *floats = size_t(cuda::kQSplitWays) * size_t(n) * size_t(rows);
+  return static_cast<float*>(qsplit_.reserve(*floats * 4));
+}
+
 // Warps per CTA of the decode GEMV: gemv_mode_ 2/3 pick 4/16 as for the bf16 GEMV; batch-invariant
 // backends one fixed shape (8); otherwise automatic (0).
 int CudaBackend::qgemv_warps() const { return batch_invariant_ ? 8 : gemv_mode_ == 2 ? 4 : gemv_mode_ == 3 ? 16 : 0; }
@@ -153,11 +160,13 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   }
   const double code_bytes = w.format == WeightFormat::Q4 ? 0.5 : 1.0;
   if (use_gemv_ && (batch_invariant_ ? N <= 64 : double(launches) * code_bytes <= 2.0)) {
+    size_t ws_floats = 0;
+    float* ws = qsplit_workspace(std::min(N, rows_per_launch), out, &ws_floats);
     for (int64_t n0 = 0; n0 < N; n0 += rows_per_launch)
       cuda::launch_qgemv(q, static_cast<const uint8_t*>(xb) + size_t(n0 * in) * 2, in,
                          static_cast<uint8_t*>(y.data) + size_t(n0 * y.cols) * ysize, ydt, y.cols,
                          int(std::min<int64_t>(rows_per_launch, N - n0)), qgemv_warps(), pdl_ && props_.major >= 9,
-                         stream_);
+                         stream_, ws, ws_floats);
     return;
   }
   // Larger N: row blocks dequantized to bf16 [rows, in] in the fixed scratch, then cuBLAS writes
@@ -282,8 +291,12 @@ void CudaBackend::matmul_group_packed(const Mat& x, std::span<const MatmulPart> 
   cuda::QGemvSet set{};
   set.count = int(parts.size());
   for (size_t i = 0; i < parts.size(); ++i) set.part[i] = {qweight(*parts[i].w), parts[i].y.data, parts[i].y.cols};
+  int64_t rows = 0;
+  for (const MatmulPart& p : parts) rows += p.w->out();
+  size_t ws_floats = 0;
+  float* ws = qsplit_workspace(x.rows, rows, &ws_floats);
   cuda::launch_qgemv_set(set, packed_input(x), x.cols, parts[0].y.dtype == DType::BF16 ? cuda::kBF16 : cuda::kF32,
-                         int(x.rows), qgemv_warps(), pdl_ && props_.major >= 9, stream_);
+                         int(x.rows), qgemv_warps(), pdl_ && props_.major >= 9, stream_, ws, ws_floats);
 }
 
 // Packed gate and up at ≤ 8 rows: one launch with silu(g)·u in the epilogue (launch_qgemv_act; the

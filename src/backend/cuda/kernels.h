@@ -131,8 +131,13 @@ struct QWeight {
 // y[n, o] = Σ_i x[n, i] · W[o, i] for n < N ≤ 8, decoding the tiles in registers (bf16 mma,
 // fp32 accumulation, scales and biases applied in fp32 per group). x bf16, 8-byte aligned rows
 // (ldx % 4 == 0); y bf16 or f32. warps per CTA: 4, 8 or 16 (0: automatic). pdl as launch_gemv.
+// split_ws (optional, split_ws_floats floats): workspace of the 9–32-row products of fewer than
+// kQSplitMaxRows rows, whose columns are split kQSplitWays ways over CTAs (quant_gemv.cu):
+// kQSplitWays · N · rows floats; without it they take another kernel.
+constexpr int kQSplitWays = 8;
+constexpr int64_t kQSplitMaxRows = 16384;
 void launch_qgemv(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps,
-                  bool pdl, cudaStream_t st);
+                  bool pdl, cudaStream_t st, float* split_ws = nullptr, size_t split_ws_floats = 0);
 // Grouped packed GEMV (as GemvSet): weights with the same format, in and group applied to the same
 // x in one launch (q/k/v/z, gate/up: ~11 µs per 4096×4096 fp8 launch alone, latency bound). Each
 // CTA computes its part's row block as a launch of that part alone with the same warps per CTA
@@ -148,7 +153,7 @@ struct QGemvSet {
   int count;
 };
 void launch_qgemv_set(const QGemvSet& set, const void* x, int64_t ldx, Dt dty, int N, int warps, bool pdl,
-                      cudaStream_t st);
+                      cudaStream_t st, float* split_ws = nullptr, size_t split_ws_floats = 0);
 // The MLP's act = silu(x·gateᵀ)·(x·upᵀ) for N ≤ 8 rows in one launch (bf16 [N, ldact]; gate and up
 // of one format and shape): what launch_qgemv_set of the pair followed by silu_mul computes.
 void launch_qgemv_act(const QWeight& gate, const QWeight& up, const void* x, int64_t ldx, void* act, int64_t ldact,

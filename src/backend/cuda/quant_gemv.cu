@@ -53,8 +53,8 @@ namespace sala::cuda {
 
 // Tuning knobs for tests and benchmarks (not for production use): nt_variant picks the kernel for
 // N > 8 (0: automatic, 1/2: the GEMV below with one/two row blocks per CTA, 3: the row-split
-// batched kernel, 4/5/6: it with 2/4/8 row blocks per CTA — these must apply); trigger = false
-// launches no dependent early. Declared where used (cuda_quant_parity.cpp, cuda_bench.cpp).
+// batched kernel, 4/5/6: it with 2/4/8 row blocks per CTA, 7: it with the columns split — these
+// must apply); trigger = false launches no dependent early. Declared where used (cuda_quant_parity.cpp, cuda_bench.cpp).
 void set_qgemv_tuning(int nt_variant, bool trigger);
 // N ≤ 8: the launch shape (0: automatic; 1..8: fixed shapes, see qgemv_f). Benchmarks only.
 void set_qgemv_small_variant(int v);
@@ -506,11 +506,16 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
 // and bf16 for Q4. A warp keeps 4 tiles per stage and two stages of codes in flight; the KS
 // partial sums of a row block meet in shared memory at the end. Per-row formats flush once,
 // tile-group formats (group % tile_k == 0) per group. in % KC == 0 (the launcher checks).
-constexpr int kBatchWarps = 8, kBatchTiles = 4;
+// Matrices of few rows (4096: o_proj, down) would get few CTAs, each staging all of x: there the
+// columns are split over gridDim.y CTAs as well (8 row blocks each, x traffic ÷ 4 against 2 row
+// blocks), which write f32 partial sums to a workspace [splits][N][rows of the set] that
+// qsplit_reduce_kernel adds in split order (deterministic) into y.
+constexpr int kBatchWarps = 8, kBatchTiles = 4, kBatchSplits = kQSplitWays;
 
 template <int FMT, int NT, int RB, bool PR>
 __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvSet set, const bf16* __restrict__ x,
-                                                                      int ldx, int N, int y_f32, int trigger) {
+                                                                      int ldx, int N, int y_f32, int trigger,
+                                                                      float* __restrict__ split_ws) {
   constexpr int KT = tile_k(FMT), MT = KT / 16, KS = kBatchWarps / RB, KC = kBatchTiles * KS * KT;
   constexpr int XS = KC + 16;  // x row stride in 16-bit values: +32 bytes keeps the 8 rows a warp reads on distinct banks
   constexpr bool XH = FMT != kQ4, kBias = FMT != kFP8;
@@ -527,7 +532,9 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
   const float4* params = reinterpret_cast<const float4*>(w.params) + size_t(rbc) * size_t(groups) * 8 + g;
   constexpr bool per_row = PR;  // one scale per row (G == in): one flush at the end
   const int tpg = per_row ? 1 : G / KT;  // tiles per group (tile groups)
-  const int chunks = in / KC;
+  // This CTA's chunks: [c0, c0 + chunks) of the split blockIdx.y (the launcher divides exactly).
+  const int chunks = in / KC / int(gridDim.y), c0 = int(blockIdx.y) * chunks;
+  const int k_end = (c0 + chunks) * kBatchTiles * KS;  // first tile past the split
 
   // Tile i of a warp in chunk c: k = c·4·KS + ks + KS·i.
   uint4 cA[kBatchTiles], cB[kBatchTiles];
@@ -556,11 +563,11 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
     }
   };
 
-  load(0, cA, pA);  // weights never depend on earlier kernels: requested before the wait
+  load(c0, cA, pA);  // weights never depend on earlier kernels: requested before the wait
   const float4 prow = per_row ? ld_param(params) : make_float4(0.f, 0.f, 0.f, 0.f);
   grid_dep_wait();
   if (trigger) launch_dependents();
-  stage_x(0, 0);
+  stage_x(c0, 0);
 
   const uint32_t one2 = XH ? 0x3C003C00u : 0x3F803F80u;
   const uint32_t ones[4] = {one2, one2, one2, one2};
@@ -576,8 +583,8 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
 #pragma unroll
       for (int i = 0; i < 4; ++i) cx[nt][i] = 0.f;
   };
-  auto compute = [&](int c, const uint4 (&cw)[kBatchTiles], const float4 (&pt)[kBatchTiles]) {
-    const uint16_t* xb = xs + size_t(c & 1) * NT * 8 * XS;
+  auto compute = [&](int c, int b, const uint4 (&cw)[kBatchTiles], const float4 (&pt)[kBatchTiles]) {
+    const uint16_t* xb = xs + size_t(b) * NT * 8 * XS;
 #pragma unroll
     for (int i = 0; i < kBatchTiles; ++i) {
       const int k = c * kBatchTiles * KS + ks + KS * i, kc = (ks + KS * i) * KT;  // tile, its column in the chunk
@@ -595,25 +602,27 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) mma_x<XH>(cq[nt], a, xf[nt]);
       }
-      // Tile groups: flush when this warp's next tile (k + KS) lies in another group (a group's tiles
-      // may be spread over the KS warps: each flushes its own part with the group's scales).
-      if (!per_row && k / tpg != (k + KS) / tpg) flush(pt[i]);
+      // Tile groups: flush when this warp's next tile (k + KS) lies in another group or split (a
+      // group's tiles may be spread over warps and splits: each flushes its own part with the
+      // group's scales, which is linear in the sums).
+      if (!per_row && (k / tpg != (k + KS) / tpg || k + KS >= k_end)) flush(pt[i]);
     }
   };
 
   // Chunk c: its codes were requested one chunk earlier, its x staged one chunk earlier (the
   // barrier makes the staging of every thread visible; the other buffer is free once every
   // warp is past it).
-  for (int c = 0; c < chunks; c += 2) {
-    if (c + 1 < chunks) load(c + 1, cB, pB);
+  for (int lc = 0; lc < chunks; lc += 2) {  // lc: chunk within the split, even in buffer 0
+    const int c = c0 + lc;
+    if (lc + 1 < chunks) load(c + 1, cB, pB);
     __syncthreads();
-    compute(c, cA, pA);
-    if (c + 1 >= chunks) break;
+    compute(c, 0, cA, pA);
+    if (lc + 1 >= chunks) break;
     stage_x(c + 1, 1);
-    if (c + 2 < chunks) load(c + 2, cA, pA);
+    if (lc + 2 < chunks) load(c + 2, cA, pA);
     __syncthreads();
-    compute(c + 1, cB, pB);
-    if (c + 2 < chunks) stage_x(c + 2, 0);
+    compute(c + 1, 1, cB, pB);
+    if (lc + 2 < chunks) stage_x(c + 2, 0);
   }
   if (per_row) flush(prow);
 
@@ -639,8 +648,31 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
       float v = 0.f;
 #pragma unroll
       for (int si = 0; si < KS; ++si) v += red[(size_t(si) * RB * 16 + row) * NT * 8 + n];
-      store_y(part, n, o, v, y_f32);
+      if (gridDim.y == 1) {
+        store_y(part, n, o, v, y_f32);
+      } else {  // the set's rows one after another: this part's after the previous parts'
+        int64_t row0 = 0, rows = 0;
+        for (int p = 0; p < set.count; ++p) rows += set.part[p].w.out, row0 += p < pe.part ? set.part[p].w.out : 0;
+        split_ws[(size_t(blockIdx.y) * N + n) * rows + row0 + o] = v;
+      }
     }
+  }
+}
+
+// y = Σ over splits of the split kernel's partial sums, in split order.
+__global__ void qsplit_reduce_kernel(QGemvSet set, const float* __restrict__ split_ws, int splits, int N, int y_f32) {
+  grid_dep_wait();
+  launch_dependents();
+  int64_t rows = 0;
+  for (int p = 0; p < set.count; ++p) rows += set.part[p].w.out;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N * rows; i += int64_t(gridDim.x) * blockDim.x) {
+    const int n = int(i / rows);
+    int64_t o = i % rows;
+    float v = 0.f;
+    for (int s = 0; s < splits; ++s) v += split_ws[(size_t(s) * N + n) * rows + o];
+    int p = 0;
+    while (o >= set.part[p].w.out) o -= set.part[p++].w.out;
+    store_y(set.part[p], n, o, v, y_f32);
   }
 }
 
@@ -761,6 +793,8 @@ struct QArgs {
   int N;
   bool pdl;
   cudaStream_t st;
+  float* split_ws = nullptr;  // batched products of few rows: the column split's partial sums
+  size_t split_ws_floats = 0;
 };
 
 // Shared memory per CTA without an opt-in attribute.
@@ -916,7 +950,7 @@ void qgemv_act(const QArgs& a) {
 // The row-split batched kernel (qgemv_batch_kernel) for 9–32 rows: per-row formats or tile groups,
 // in a multiple of its chunk. Row blocks per CTA: about two CTAs per SM for the launch's rows.
 template <int FMT, int NT, int RB, bool PR>
-void qgemv_batch_cfg(const QArgs& a) {
+void qgemv_batch_cfg(const QArgs& a, int splits = 1) {
   constexpr int KS = kBatchWarps / RB, KC = kBatchTiles * KS * tile_k(FMT);
   const size_t smem = std::max(size_t(2) * NT * 8 * (KC + 16) * 2, size_t(KS) * RB * 16 * NT * 8 * 4);
   static const bool attr = [smem] {  // once per instantiation: shared memory beyond 48 KB
@@ -931,8 +965,12 @@ void qgemv_batch_cfg(const QArgs& a) {
     blocks += unsigned(((set.part[i].w.out + 15) / 16 + RB - 1) / RB);
   }
   set.first[set.count] = blocks;
-  launch_pdl(a.pdl, qgemv_batch_kernel<FMT, NT, RB, PR>, dim3(blocks), dim3(kBatchWarps * 32), smem, a.st, set,
-             static_cast<const bf16*>(a.x), int(a.ldx), a.N, int(a.dty == kF32), int(g_trigger && a.pdl));
+  launch_pdl(a.pdl, qgemv_batch_kernel<FMT, NT, RB, PR>, dim3(blocks, unsigned(splits)), dim3(kBatchWarps * 32), smem,
+             a.st, set, static_cast<const bf16*>(a.x), int(a.ldx), a.N, int(a.dty == kF32), int(g_trigger && a.pdl),
+             a.split_ws);
+  if (splits > 1)
+    launch_pdl(a.pdl, qsplit_reduce_kernel, dim3(grid_for(a.N * a.rows, 256, 132 * 4)), dim3(256), 0, a.st, set,
+               static_cast<const float*>(a.split_ws), splits, a.N, int(a.dty == kF32));
 }
 
 template <int FMT, int NT, bool PR>
@@ -941,9 +979,14 @@ bool qgemv_batch_pr(const QArgs& a) {
   const int64_t rbs = (a.rows + 15) / 16;
   const bool fit8 = w.in % (kBatchTiles * 1 * tile_k(FMT)) == 0, fit4 = w.in % (kBatchTiles * 2 * tile_k(FMT)) == 0,
              fit2 = w.in % (kBatchTiles * 4 * tile_k(FMT)) == 0;
-  // Benchmarks: 4, 5, 6 force 2, 4, 8 row blocks per CTA.
+  // The column split: 8 row blocks per CTA, kBatchSplits CTAs per row group (a workspace given,
+  // the chunks divide evenly).
+  const bool split_fits = a.split_ws && fit8 && (w.in / (kBatchTiles * tile_k(FMT))) % kBatchSplits == 0 &&
+                          size_t(kBatchSplits) * size_t(a.N) * size_t(a.rows) <= a.split_ws_floats;
+  // Benchmarks: 4, 5, 6 force 2, 4, 8 row blocks per CTA, 7 the column split.
   if (g_nt_variant >= 4) {
     const int rb = g_nt_variant == 4 ? 2 : g_nt_variant == 5 ? 4 : 8;
+    if (g_nt_variant == 7) return split_fits && (qgemv_batch_cfg<FMT, NT, 8, PR>(a, kBatchSplits), true);
     if (rb == 8 && fit8) return qgemv_batch_cfg<FMT, NT, 8, PR>(a), true;
     if (rb == 4 && fit4) return qgemv_batch_cfg<FMT, NT, 4, PR>(a), true;
     if (rb == 2 && fit2) return qgemv_batch_cfg<FMT, NT, 2, PR>(a), true;
@@ -955,6 +998,7 @@ bool qgemv_batch_pr(const QArgs& a) {
   // GEMV above, which is faster there, as is int4 at 17–32 rows below 2048 row blocks.
   if (rbs >= 2048 && fit8) return qgemv_batch_cfg<FMT, NT, 8, PR>(a), true;
   if (rbs >= 1024 && fit4 && (FMT != kQ4 || NT == 2)) return qgemv_batch_cfg<FMT, NT, 4, PR>(a), true;
+  if (rbs < 1024 && split_fits) return qgemv_batch_cfg<FMT, NT, 8, PR>(a, kBatchSplits), true;
   if (g_nt_variant == 3 && fit2) return qgemv_batch_cfg<FMT, NT, 2, PR>(a), true;  // forced: any rows
   return false;
 }
@@ -1002,7 +1046,7 @@ void set_qgemv_tuning(int nt_variant, bool trigger) {
 void set_qgemv_small_variant(int v) { g_small_variant = v; }
 
 void launch_qgemv_set(const QGemvSet& set, const void* x, int64_t ldx, Dt dty, int N, int warps, bool pdl,
-                      cudaStream_t st) {
+                      cudaStream_t st, float* split_ws, size_t split_ws_floats) {
   SALA_CUDA_REQUIRE(set.count >= 1 && set.count <= kGemvMaxParts, "qgemv: 1 to 4 parts");
   const QWeight& w = set.part[0].w;
   int64_t rows = 0;
@@ -1020,7 +1064,7 @@ void launch_qgemv_set(const QGemvSet& set, const void* x, int64_t ldx, Dt dty, i
   SALA_CUDA_REQUIRE(w.group == w.in || w.group % 16 == 0, "qgemv: group size must be a multiple of 16");
   SALA_CUDA_REQUIRE(w.in < (int64_t(1) << 30) && ldx < (int64_t(1) << 31), "qgemv: dimensions too large");
   if (warps != 4 && warps != 8 && warps != 16) warps = 0;  // automatic launch shape (qgemv_f)
-  const QArgs a{set, rows, x, ldx, dty, N, pdl, st};
+  const QArgs a{set, rows, x, ldx, dty, N, pdl, st, split_ws, split_ws_floats};
   switch (w.fmt) {
     case kFP8: qgemv_f<kFP8>(a, warps); break;
     case kQ8: qgemv_f<kQ8>(a, warps); break;
@@ -1031,11 +1075,11 @@ void launch_qgemv_set(const QGemvSet& set, const void* x, int64_t ldx, Dt dty, i
 }
 
 void launch_qgemv(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps,
-                  bool pdl, cudaStream_t st) {
+                  bool pdl, cudaStream_t st, float* split_ws, size_t split_ws_floats) {
   QGemvSet set{};
   set.part[0] = {w, y, ldy};
   set.count = 1;
-  launch_qgemv_set(set, x, ldx, dty, N, warps, pdl, st);
+  launch_qgemv_set(set, x, ldx, dty, N, warps, pdl, st, split_ws, split_ws_floats);
 }
 
 void launch_qgemv_act(const QWeight& gate, const QWeight& up, const void* x, int64_t ldx, void* act, int64_t ldact,
