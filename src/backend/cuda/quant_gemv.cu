@@ -497,8 +497,9 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   }
 }
 
-// Batched decode (9 to 32 rows: verification, batches): the row-split kernel, for matrices of
-// 16384+ rows (qgemv_batch_pr). At N = 32 the kernel above re-reads x (N·in·2 bytes) from L2 in
+// Batched decode (9 to 32 rows: verification, batches): the row-split kernel, where the sweeps
+// found it faster than the kernel above (qgemv_batch_pr: 16384+ rows; split columns for the
+// 4096-row down projection). At N = 32 the kernel above re-reads x (N·in·2 bytes) from L2 in
 // every CTA of 16–32 rows — 2–4× the CTA's weight bytes — and decodes each A fragment through
 // f32. Here a CTA of 8 warps owns RB row blocks (RB = 8, 4 or 2), each row block's tiles
 // split over KS = 8 / RB warps, and x goes through shared memory once per CTA in chunks of
