@@ -95,7 +95,10 @@ Runner setup(CLI::App& app) {
     SALA_CHECK(o->text.empty() || o->random.empty(),
                "quant-quality: --text needs a MODEL directory with a tokenizer (--random has none)");
     std::vector<int32_t> text_ids;  // --text: the positions scored (the text may be shorter than --positions)
-    if (!o->text.empty()) text_ids = text_tokens(o->model, o->text, o->positions), o->positions = int64_t(text_ids.size());
+    if (!o->text.empty()) {
+      text_ids = text_tokens(o->model, o->text, o->positions);
+      o->positions = int64_t(text_ids.size());
+    }
     SALA_CHECK(o->positions >= 1 && o->chunk >= 1 && o->decode >= 0 && o->decode < o->positions,
                "quant-quality: need positions ≥ 1, chunk ≥ 1 and 0 ≤ decode < positions (got {}, {}, {})",
                o->positions, o->chunk, o->decode);
@@ -150,7 +153,8 @@ Runner setup(CLI::App& app) {
     ThreadPool pool;
     nlohmann::json rows = nlohmann::json::array();
     std::printf("model: %s, backend %s, %lld positions (%s), lm_head %s%s\n", label.c_str(),
-                backend->name().c_str(), (long long)o->positions, o->text.empty() ? "random ids" : o->text.c_str(), o->lm_head ? "quantized" : "kept dense",
+                backend->name().c_str(), (long long)o->positions, o->text.empty() ? "random ids" : o->text.c_str(),
+                o->lm_head ? "quantized" : "kept dense",
                 backend->fp8_prefill() ? ", fp8 prefill (W8A8 prompt chunks for fp8)" : "");
     std::printf("| format | bytes/param | logit rel. error | top-1 agreement | mean KL | max KL |\n");
     std::printf("|---|---|---|---|---|---|\n");
@@ -173,7 +177,8 @@ Runner setup(CLI::App& app) {
       std::ofstream f(o->json);
       SALA_CHECK(bool(f), "quant-quality: cannot write '{}'", o->json);
       f << nlohmann::json{{"model", label}, {"backend", backend->name()}, {"positions", o->positions},
-                          {"chunk", o->chunk}, {"decode", o->decode}, {"text", o->text}, {"fp8_prefill", backend->fp8_prefill()}, {"rows", rows}}
+                          {"chunk", o->chunk}, {"decode", o->decode}, {"text", o->text},
+                          {"fp8_prefill", backend->fp8_prefill()}, {"rows", rows}}
                .dump(2)
         << "\n";
     }
