@@ -87,8 +87,8 @@ Runner setup(CLI::App& app) {
   struct Opts {
     std::string model, random, contexts = "1k,4k,16k,32k,64k,128k", batches = "1,8,32", json, plot, quant = "none";
     std::vector<std::string> from;
-    int64_t chunk = 4096, batch_context = 4096;  // batch_context: parsed from batch_context_arg
-    std::string batch_context_arg = "4k";
+    int64_t chunk = 4096;
+    std::string batch_context = "4k";
     int decode_steps = 32;
     uint64_t seed = 0;
     bool quant_lm_head = false;
@@ -107,7 +107,7 @@ Runner setup(CLI::App& app) {
   app.add_flag("--quant-lm-head", o->quant_lm_head, "with --quant: lm_head packed too (`sala quantize --lm-head`)");
   app.add_option("--contexts", o->contexts, "batch-1 context lengths, e.g. 1k,4k,128k,1m");
   app.add_option("--batches", o->batches, "batch sizes for batched decode (at --batch-context each)");
-  app.add_option("--batch-context", o->batch_context_arg, "context of every sequence in the batched rows (e.g. 4096, 4k)")
+  app.add_option("--batch-context", o->batch_context, "context of every sequence in the batched rows (e.g. 4096, 4k)")
       ->capture_default_str();
   app.add_option("--chunk", o->chunk, "prefill chunk (tokens per forward)");
   app.add_option("--decode-steps", o->decode_steps, "timed decode steps per row (after 2 warm-up steps)");
@@ -158,7 +158,7 @@ Runner setup(CLI::App& app) {
     std::vector<int64_t> contexts, batches;
     for (auto& s : CLI::detail::split(o->contexts, ',')) contexts.push_back(parse_size(s));
     for (auto& s : CLI::detail::split(o->batches, ',')) batches.push_back(parse_size(s));
-    o->batch_context = parse_size(o->batch_context_arg);
+    const int64_t batch_context = parse_size(o->batch_context);
     std::sort(contexts.begin(), contexts.end());
     const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
     ModelLimits limits{.max_batch_tokens = std::max(o->chunk, max_batch), .max_logit_rows = std::max<int64_t>(max_batch, 1)};
@@ -297,19 +297,19 @@ Runner setup(CLI::App& app) {
     // Batched decode at batch_context.
     for (int64_t b : batches) {
       if (b <= 1) continue;
-      const EngineOptions eo{.max_sequences = int(b), .max_context = o->batch_context + o->decode_steps + 3};
+      const EngineOptions eo{.max_sequences = int(b), .max_context = batch_context + o->decode_steps + 3};
       Engine e(*m.model, eo);
       std::vector<int> seqs;
       for (int64_t i = 0; i < b; ++i) {
         int s = e.open();
         seqs.push_back(s);
-        while (e.length(s) < o->batch_context) {
-          auto chunk = random_tokens(std::min(o->chunk, o->batch_context - e.length(s)));
+        while (e.length(s) < batch_context) {
+          auto chunk = random_tokens(std::min(o->chunk, batch_context - e.length(s)));
           Engine::Request r{s, chunk, -1, false, false};
           e.step(std::span(&r, 1));
         }
       }
-      report(o->batch_context, b, 0, 0, decode_steps(e, seqs), eo);
+      report(batch_context, b, 0, 0, decode_steps(e, seqs), eo);
     }
     const std::string json_path = !o->json.empty() ? o->json : o->plot.empty() ? "" : o->plot + "/bench.json";
     if (!json_path.empty()) {

@@ -266,18 +266,25 @@ void CudaBackend::matmul_fp8_activations(const void* xb, int64_t N, const Weight
     SALA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
                                                            sizeof ws_bytes));
   }
+  // The layouts and algorithm of a block of `rows` weight rows (one query per block size: all
+  // blocks but a last, shorter one share it).
+  LtPtr<cublasLtMatrixLayout_t> la, ld;
+  cublasLtMatmulHeuristicResult_t heur{};
+  int64_t planned = 0;
   const float alpha = 1.f, beta = 0.f;
   for (int64_t o0 = 0; o0 < out; o0 += block) {
     const int64_t rows = std::min(block, out - o0);
     cuda::launch_qcanonical_fp8(qweight(w), o0, rows, wq, ws, stream_);
-    const auto la = lt_layout(CUDA_R_8F_E4M3, in, rows, in);
-    const auto ld = lt_layout(dtype, rows, N, y.cols);
-    cublasLtMatmulHeuristicResult_t heur{};
-    int found = 0;
-    SALA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublas_lt_, desc_raw, la.get(), lb.get(), ld.get(), ld.get(),
-                                                     pref.get(), 1, &heur, &found));
-    SALA_CHECK(found > 0, "--fp8-prefill: cuBLASLt has no fp8 GEMM for [{}, {}] x [{}, {}] -> {} on {}", N, in, rows,
-               in, dtype_name(y.dtype), props_.name);
+    if (rows != planned) {
+      la = lt_layout(CUDA_R_8F_E4M3, in, rows, in);
+      ld = lt_layout(dtype, rows, N, y.cols);
+      int found = 0;
+      SALA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublas_lt_, desc_raw, la.get(), lb.get(), ld.get(), ld.get(),
+                                                       pref.get(), 1, &heur, &found));
+      SALA_CHECK(found > 0, "--fp8-prefill: cuBLASLt has no fp8 GEMM for [{}, {}] x [{}, {}] -> {} on {}", N, in,
+                 rows, in, dtype_name(y.dtype), props_.name);
+      planned = rows;
+    }
     void* d = static_cast<uint8_t*>(y.data) + size_t(o0) * dtype_size(y.dtype);
     SALA_CUBLAS_CHECK(cublasLtMatmul(cublas_lt_, desc_raw, &alpha, wq, la.get(), xq, lb.get(), &beta, d, ld.get(), d,
                                      ld.get(), &heur.algo, cublas_ws_, kCublasWorkspace, stream_));

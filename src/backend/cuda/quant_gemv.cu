@@ -642,6 +642,9 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
   // The part looked up again (nothing of the first lookup stays live through the main loop).
   const PartBlock pe = find_part<RB>(set, cta_index_again());
   const QGemvPart& part = set.part[pe.part];
+  // Split: the workspace holds the set's rows one after another, this part's after the previous parts'.
+  int64_t row0 = 0, rows = 0;
+  for (int p = 0; p < set.count; ++p) rows += set.part[p].w.out, row0 += p < pe.part ? set.part[p].w.out : 0;
   for (int i = threadIdx.x; i < RB * 16 * NT * 8; i += kBatchWarps * 32) {
     const int row = i / (NT * 8), n = i % (NT * 8);
     const int64_t o = int64_t(pe.rb0) * 16 + row;
@@ -649,13 +652,10 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
       float v = 0.f;
 #pragma unroll
       for (int si = 0; si < KS; ++si) v += red[(size_t(si) * RB * 16 + row) * NT * 8 + n];
-      if (gridDim.y == 1) {
+      if (gridDim.y == 1)
         store_y(part, n, o, v, y_f32);
-      } else {  // the set's rows one after another: this part's after the previous parts'
-        int64_t row0 = 0, rows = 0;
-        for (int p = 0; p < set.count; ++p) rows += set.part[p].w.out, row0 += p < pe.part ? set.part[p].w.out : 0;
+      else
         split_ws[(size_t(blockIdx.y) * N + n) * rows + row0 + o] = v;
-      }
     }
   }
 }
