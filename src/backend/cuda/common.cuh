@@ -150,13 +150,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
 }
-// Asks the copy engine (sm_90 TMA) to bring bytes [p, p + bytes) into L2 without waiting; p and
-// bytes multiples of 16. A hint: nothing before sm_90.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
 // Programmatic dependent launch (sm_90): wait until the preceding kernel's memory is visible.
 __device__ __forceinline__ void grid_dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

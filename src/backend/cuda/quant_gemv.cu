@@ -278,7 +278,7 @@ __device__ __forceinline__ void store_y(const QGemvPart& part, int n, int64_t o,
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
           bool XH = false, bool SP = false, bool ACT = false>
 __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const bf16* __restrict__ x, int ldx,
-                                                        int N, int y_f32, int trigger, int l2_prefetch) {
+                                                        int N, int y_f32, int trigger) {
   constexpr int KT = tile_k(FMT), MT = KT / 16;
   constexpr bool kBias = FMT != kFP8;
   static_assert(!XH || (NT == 1 && FMT != kQ4), "qgemv XH: one n-tile, FP8 or Q8");
@@ -329,14 +329,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
     }
   };
 
-  // Weights never depend on earlier kernels: the first two stages are requested before the wait,
-  // and the next l2_prefetch bytes of each row block are prefetched into L2 (one bulk request).
-  if (l2_prefetch > 0 && threadIdx.x == 0) {
-    const int64_t ahead = int64_t(ktiles - 2 * step) * 512;  // bytes past the register stages
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (ahead > 0) prefetch_l2(codes[r] - lane + 2 * step * 32, uint32_t(min(int64_t(l2_prefetch), ahead)));
-  }
+  // Weights never depend on earlier kernels: the first two stages are requested before the wait.
   if constexpr (SP) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -821,30 +814,6 @@ bool params_in_smem() {
   return on;
 }
 
-// Bytes of L2 that the CTAs resident at once may prefetch ahead of their register stages
-// (SALA_CUDA_QGEMV_L2PF, MB; 0: off). The prefetch runs before griddepcontrol.wait, while the
-// previous (latency-bound) kernel leaves DRAM idle; kept well under the 50 MB L2.
-int64_t l2_prefetch_budget() {
-  static const int64_t bytes = [] {
-    const char* e = std::getenv("SALA_CUDA_QGEMV_L2PF");
-    return int64_t(e ? std::atoi(e) : 0) << 20;
-  }();
-  return bytes;
-}
-
-// Per row block: the budget over the row blocks of the CTAs that fit the GPU at once, in tiles.
-template <typename Kernel>
-int l2_prefetch_bytes(Kernel kernel, unsigned blocks, int threads, size_t smem, int rb_per_cta) {
-  const int64_t budget = l2_prefetch_budget();
-  if (budget <= 0) return 0;  // (before sm_90 the kernel's prefetch_l2 is a no-op)
-  int per_sm = 0, dev = 0, sms = 0;
-  SALA_CUDA_CHECK(cudaGetDevice(&dev));
-  SALA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  SALA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-  const int64_t resident = std::min<int64_t>(blocks, int64_t(std::max(per_sm, 1)) * sms) * rb_per_cta;
-  return int(std::min<int64_t>(budget / resident / 512 * 512, int64_t(1) << 30));
-}
-
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
           bool XH = false, bool SP = false, bool ACT = false>
 void qgemv_cfg(const QArgs& a) {
@@ -861,10 +830,8 @@ void qgemv_cfg(const QArgs& a) {
   }
   set.first[set.count] = blocks;
   if constexpr (ACT) blocks = unsigned((set.part[0].w.out + 15) / 16);  // one CTA per gate/up row block pair
-  auto* kernel = qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT>;
-  const int l2pf = l2_prefetch_bytes(kernel, blocks, W * 32, smem, R);
-  launch_pdl(a.pdl, kernel, dim3(blocks), dim3(W * 32), smem, a.st, set, static_cast<const bf16*>(a.x), int(a.ldx), a.N,
-             int(a.dty == kF32), int(g_trigger && a.pdl), l2pf);
+  launch_pdl(a.pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT>, dim3(blocks), dim3(W * 32), smem, a.st, set,
+             static_cast<const bf16*>(a.x), int(a.ldx), a.N, int(a.dty == kF32), int(g_trigger && a.pdl));
 }
 
 // N ≤ 8: one n-tile, one row block per CTA; the launch shape by format and size.
