@@ -35,7 +35,7 @@ Runner setup(CLI::App& app) {
     std::string model, random, host = "127.0.0.1", api_key, models_dir, cors_origin, reasoning = "parsed", script;
     std::vector<std::string> aliases;
     int port = 8080, max_running = 8, max_queue = 128, max_tokens = -1, load_delay_ms = 0;
-    int64_t ctx_size = 4096, prefill_chunk = 256, batch_tokens = 512;
+    int64_t ctx_size = 4096, prefill_chunk = kDefaultPrefillChunk, batch_tokens = kDefaultPrefillChunk;
     float temperature = 1.0f;
     bool no_think = false;
     SpeculativeCliOptions speculative;

@@ -11,6 +11,14 @@
 
 namespace sala::cli {
 
+// Prompt tokens per forward in generate, chat, batch and serve (serve: --prefill-chunk and
+// --batch-tokens). Larger chunks keep the prefill GEMMs compute bound and, with packed weights,
+// dequantize each matrix once per 2048 tokens instead of per 256: random 9B at a 4K prompt on an
+// H200, chunk 256 → 2048: bf16 19209 → 29745 tok/s, fp8 12258 → 27216 (bench/results/
+// 2026-11-25-h200-prefill-chunk.md). The cost: ~280 MiB more workspace, and in serve, other
+// requests' tokens wait for a whole chunk's step.
+constexpr int64_t kDefaultPrefillChunk = 2048;
+
 struct BackendOptions {
   std::string backend = "auto";  // auto: cuda when a GPU is present, else cpu
   int threads = 0;

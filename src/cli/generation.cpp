@@ -185,7 +185,7 @@ std::unique_ptr<GenerationSession> open_session(const std::string& model_ref, co
   ModelLimits limits;
   // One logits row per live sequence per step; speculating, every sequence may verify K + 1 rows.
   limits.max_logit_rows = spec ? int64_t(max_sequences) * (spec_opts.draft_tokens + 1) : max_sequences;
-  limits.max_batch_tokens = std::max<int64_t>(512, limits.max_logit_rows);
+  limits.max_batch_tokens = std::max<int64_t>(kDefaultPrefillChunk, limits.max_logit_rows);
   s->model = load_model_verbose(dir.string(), *s->backend, limits);
   const ModelConfig& cfg = s->model.config;
   SALA_CHECK(s->tokenizer.vocab_size() <= cfg.vocab_size,
@@ -200,7 +200,7 @@ std::unique_ptr<GenerationSession> open_session(const std::string& model_ref, co
     ctx = cfg.max_position_embeddings;
   }
   s->engine = std::make_unique<Engine>(*s->model.model, EngineOptions{.max_sequences = max_sequences, .max_context = ctx});
-  s->scheduler = std::make_unique<Scheduler>(*s->engine, SchedulerOptions{.prefill_chunk = 256,
+  s->scheduler = std::make_unique<Scheduler>(*s->engine, SchedulerOptions{.prefill_chunk = kDefaultPrefillChunk,
                                                                            .max_batch_tokens = limits.max_batch_tokens,
                                                                            .speculative = spec_opts});
   return s;
