@@ -248,55 +248,6 @@ int run_bench(int argc, char** argv) {
     return 0;
   }
 
-  // SALA_BENCH_ONLY=qgemm: packed products of prompt rows (65+) per format and shape — the
-  // fused-dequant GEMM (auto, 4 / 8 row blocks per CTA) against the dequantize + cuBLAS path and
-  // cuBLAS on the bf16 weight (TFLOP/s of 2·N·out·in), to set the fused GEMM's row bound.
-  if (!all_sections && std::strcmp(only_env, "qgemm") == 0) {
-    struct F {
-      const char* name;
-      WeightFormat f;
-      int64_t group;
-    };
-    for (auto [out, in] : {std::pair<int64_t, int64_t>{4096, 4096}, {16384, 4096}, {4096, 16384}}) {
-      const Weight wb = be.random_weight(out, in, 0.f, 0.02f, 11);
-      for (F f : {F{"fp8", WeightFormat::FP8, 0}, F{"int8", WeightFormat::Q8, 0}, F{"int4", WeightFormat::Q4, 64}}) {
-        const Weight wq = be.random_quantized_weight(f.f, out, in, f.group ? f.group : in, 0.02f, 11);
-        for (int n : {128, 256, 512, 1024, 2048}) {
-          auto xb = be.alloc(size_t(n * in) * 2), yb = be.alloc(size_t(n * out) * 2);
-          Mat x = xb->mat(DType::BF16, n, in), y = yb->mat(DType::BF16, n, out);
-          auto xh = host_rand(size_t(n * in), 1.f, 5);
-          be.upload(x, xh.data());
-          const double flop = 2.0 * n * out * in;
-          auto tf = [&](double us) { return flop / (us * 1e-6) / 1e12; };
-          char buf[128];
-          const double bf = time_us(be, 10, [&](int) { be.matmul(x, wb, y); });
-          be.set_use_gemv(false);
-          const double dq = time_us(be, 10, [&](int) { be.matmul(x, wq, y); });
-          be.set_use_gemv(true);
-          std::snprintf(buf, sizeof buf, ": bf16 cuBLAS %.1f us (%.0f TF/s), dequant+cuBLAS %.1f (%.0f)", bf, tf(bf), dq,
-                        tf(dq));
-          std::string line = std::string("qgemm ") + f.name + " " + std::to_string(out) + "x" + std::to_string(in) +
-                             " N=" + std::to_string(n) + buf;
-          const char* names[] = {"auto", "", "", "", "", "rb4", "rb8"};
-          for (int v : {0, 5, 6}) {
-            sala::cuda::set_qgemv_tuning(v, true);
-            const double us = time_us(be, 10, [&](int) {
-              sala::cuda::QWeight q{int(wq.format), wq.w.data, static_cast<const float*>(wq.scales), out, in,
-                                    wq.group};
-              if (!sala::cuda::launch_qgemm(q, x.data, in, y.data, sala::cuda::kBF16, out, n, be.stream()))
-                throw std::runtime_error("qgemm: shape not taken");
-            });
-            std::snprintf(buf, sizeof buf, ", fused %s %.1f (%.0f)", names[v], us, tf(us));
-            line += buf;
-          }
-          sala::cuda::set_qgemv_tuning(0, true);
-          std::printf("%s\n", line.c_str());
-        }
-      }
-    }
-    return 0;
-  }
-
   // Decode products: GEMV at N = 1..8 (bandwidth bound on the weight).
   if (all_sections) {
     struct S {

@@ -47,16 +47,6 @@ size_t qscratch_bytes() {
 
 constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
-// Prompt rows up to this many take the fused-dequant GEMM (launch_qgemm); more, the dequantize +
-// cuBLAS path. SALA_CUDA_QGEMM_MAX_ROWS sets another bound (0: never; A/B runs).
-int64_t qgemm_max_rows() {
-  static const int64_t rows = [] {
-    const char* e = std::getenv("SALA_CUDA_QGEMM_MAX_ROWS");
-    return e ? int64_t(std::atoll(e)) : int64_t(1024);
-  }();
-  return rows;
-}
-
 cuda::QWeight qweight(const Weight& w) {
   return {int(w.format), w.w.data, static_cast<const float*>(w.scales), w.out(), w.in(), w.group};
 }
@@ -179,11 +169,6 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
                          stream_, ws, ws_floats);
     return;
   }
-  // Prompt rows up to qgemm_max_rows(): the codes decoded in the GEMM's load path (launch_qgemm),
-  // where its shape fits; beyond, or for shapes it does not take, the dequantize + cuBLAS path.
-  if (use_gemv_ && !batch_invariant_ && N <= qgemm_max_rows() &&
-      cuda::launch_qgemm(q, xb, in, y.data, ydt, y.cols, int(N), stream_))
-    return;
   // Larger N: row blocks dequantized to bf16 [rows, in] in the fixed scratch, then cuBLAS writes
   // y[:, o0 : o0 + rows] (column-major view: yᵀ[o0 + r, n] at y + o0 with leading dimension y.cols).
   const int64_t block = std::max<int64_t>(16, int64_t(qscratch_.capacity() / (size_t(in) * 2)) / 16 * 16);

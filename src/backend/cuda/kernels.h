@@ -138,11 +138,6 @@ constexpr int kQSplitWays = 8;
 constexpr int64_t kQSplitMaxRows = 16384;
 void launch_qgemv(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps,
                   bool pdl, cudaStream_t st, float* split_ws = nullptr, size_t split_ws_floats = 0);
-// y = x · Wᵀ for prompt rows (any N): the packed codes decoded in the GEMM's load path (mma.sync,
-// fp32 accumulation, scales and biases in fp32 per group, as launch_qgemv). x and y as launch_qgemv.
-// False (nothing launched) for shapes it does not take: input columns not a multiple of 128 (Q4:
-// 256), groups smaller than a tile, grouped FP8.
-bool launch_qgemm(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, cudaStream_t st);
 // Grouped packed GEMV (as GemvSet): weights with the same format, in and group applied to the same
 // x in one launch (q/k/v/z, gate/up: ~11 µs per 4096×4096 fp8 launch alone, latency bound). Each
 // CTA computes its part's row block as a launch of that part alone with the same warps per CTA

@@ -513,14 +513,10 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
 // qsplit_reduce_kernel adds in split order (deterministic) into y.
 constexpr int kBatchWarps = 8, kBatchTiles = 4, kBatchSplits = kQSplitWays;
 
-// Prompt rows (launch_qgemm, NT = 8): the N rows in tiles of 64, the `tiles` CTAs of a row group
-// next to each other in the grid (CTA b: row group b / tiles, rows [64·(b % tiles), +64) of x and
-// y), so that a row group's codes come from DRAM once and from L2 for its other tiles. 96
-// accumulator registers per lane (Q8/Q4): one CTA per SM.
 template <int FMT, int NT, int RB, bool PR>
-__global__ void __launch_bounds__(kBatchWarps * 32, NT > 4 ? 1 : 2)
-    qgemv_batch_kernel(QGemvSet set, const bf16* __restrict__ x, int ldx, int N, int y_f32, int trigger,
-                       float* __restrict__ split_ws, int tiles) {
+__global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvSet set, const bf16* __restrict__ x,
+                                                                      int ldx, int N, int y_f32, int trigger,
+                                                                      float* __restrict__ split_ws) {
   constexpr int KT = tile_k(FMT), MT = KT / 16, KS = kBatchWarps / RB, KC = kBatchTiles * KS * KT;
   constexpr int XS = KC + 16;  // x row stride in 16-bit values: +32 bytes keeps the 8 rows a warp reads on distinct banks
   constexpr bool XH = FMT != kQ4, kBias = FMT != kFP8;
@@ -528,10 +524,7 @@ __global__ void __launch_bounds__(kBatchWarps * 32, NT > 4 ? 1 : 2)
   uint16_t* xs = reinterpret_cast<uint16_t*>(dyn_smem);  // [2][NT·8][XS]; after the loop: red[KS][RB·16][NT·8]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int r = warp % RB, ks = warp / RB;
-  const int n0 = int(blockIdx.x % unsigned(tiles)) * NT * 8;  // first row of x and y of this CTA
-  x += size_t(n0) * ldx;
-  N = min(N - n0, NT * 8);
-  const PartBlock pb = find_part<RB>(set, blockIdx.x / unsigned(tiles));
+  const PartBlock pb = find_part<RB>(set, blockIdx.x);
   const QWeight& w = set.part[pb.part].w;
   const int in = int(set.part[0].w.in), G = int(set.part[0].w.group), ktiles = in / KT, groups = in / G;
   const int rbs = int((w.out + 15) / 16), rb = pb.rb0 + r;
@@ -647,7 +640,7 @@ __global__ void __launch_bounds__(kBatchWarps * 32, NT > 4 ? 1 : 2)
   }
   __syncthreads();
   // The part looked up again (nothing of the first lookup stays live through the main loop).
-  const PartBlock pe = find_part<RB>(set, cta_index_again() / unsigned(tiles));
+  const PartBlock pe = find_part<RB>(set, cta_index_again());
   const QGemvPart& part = set.part[pe.part];
   // Split: the workspace holds the set's rows one after another, this part's after the previous parts'.
   int64_t row0 = 0, rows = 0;
@@ -660,7 +653,7 @@ __global__ void __launch_bounds__(kBatchWarps * 32, NT > 4 ? 1 : 2)
 #pragma unroll
       for (int si = 0; si < KS; ++si) v += red[(size_t(si) * RB * 16 + row) * NT * 8 + n];
       if (gridDim.y == 1)
-        store_y(part, n0 + n, o, v, y_f32);
+        store_y(part, n, o, v, y_f32);
       else
         split_ws[(size_t(blockIdx.y) * N + n) * rows + row0 + o] = v;
     }
@@ -958,7 +951,7 @@ void qgemv_act(const QArgs& a) {
 // The row-split batched kernel (qgemv_batch_kernel) for 9–32 rows: per-row formats or tile groups,
 // in a multiple of its chunk. Row blocks per CTA: about two CTAs per SM for the launch's rows.
 template <int FMT, int NT, int RB, bool PR>
-void qgemv_batch_cfg(const QArgs& a, int splits = 1, int tiles = 1) {
+void qgemv_batch_cfg(const QArgs& a, int splits = 1) {
   constexpr int KS = kBatchWarps / RB, KC = kBatchTiles * KS * tile_k(FMT);
   const size_t smem = std::max(size_t(2) * NT * 8 * (KC + 16) * 2, size_t(KS) * RB * 16 * NT * 8 * 4);
   static const bool attr = [smem] {  // once per instantiation: shared memory beyond 48 KB
@@ -973,9 +966,9 @@ void qgemv_batch_cfg(const QArgs& a, int splits = 1, int tiles = 1) {
     blocks += unsigned(((set.part[i].w.out + 15) / 16 + RB - 1) / RB);
   }
   set.first[set.count] = blocks;
-  launch_pdl(a.pdl, qgemv_batch_kernel<FMT, NT, RB, PR>, dim3(blocks * unsigned(tiles), unsigned(splits)),
-             dim3(kBatchWarps * 32), smem, a.st, set, static_cast<const bf16*>(a.x), int(a.ldx), a.N,
-             int(a.dty == kF32), int(g_trigger && a.pdl), a.split_ws, tiles);
+  launch_pdl(a.pdl, qgemv_batch_kernel<FMT, NT, RB, PR>, dim3(blocks, unsigned(splits)), dim3(kBatchWarps * 32), smem,
+             a.st, set, static_cast<const bf16*>(a.x), int(a.ldx), a.N, int(a.dty == kF32), int(g_trigger && a.pdl),
+             a.split_ws);
   if (splits > 1)
     launch_pdl(a.pdl, qsplit_reduce_kernel, dim3(grid_for(a.N * a.rows, 256, 132 * 4)), dim3(256), 0, a.st, set,
                static_cast<const float*>(a.split_ws), splits, a.N, int(a.dty == kF32));
@@ -1019,21 +1012,6 @@ bool qgemv_batch(const QArgs& a) {
   const QWeight& w = a.set.part[0].w;
   if (w.group == w.in) return qgemv_batch_pr<FMT, NT, true>(a);
   if (w.group % tile_k(FMT) == 0) return qgemv_batch_pr<FMT, NT, false>(a);
-  return false;
-}
-
-// Prompt rows (launch_qgemm): the row-split kernel on 64-row tiles of x, codes decoded in the
-// load path instead of a bf16 copy of the weight for cuBLAS (1 byte per weight read instead of
-// 1 + 2 written + 2 read). 8 row blocks per CTA where the grid then still fills about two waves
-// of 132 SMs, else 4. Benchmarks: g_nt_variant 5 / 6 force 4 / 8.
-template <int FMT, bool PR>
-bool qgemm_pr(const QArgs& a) {
-  const QWeight& w = a.set.part[0].w;
-  const int64_t rbs = (a.rows + 15) / 16, tiles = (a.N + 63) / 64;
-  const bool fit8 = w.in % (kBatchTiles * 1 * tile_k(FMT)) == 0, fit4 = w.in % (kBatchTiles * 2 * tile_k(FMT)) == 0;
-  const bool eight = g_nt_variant == 6 || (g_nt_variant != 5 && (rbs + 7) / 8 * tiles >= 264);
-  if (eight && fit8) return qgemv_batch_cfg<FMT, 8, 8, PR>(a, 1, int(tiles)), true;
-  if (fit4) return qgemv_batch_cfg<FMT, 8, 4, PR>(a, 1, int(tiles)), true;
   return false;
 }
 
@@ -1107,30 +1085,6 @@ void launch_qgemv(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty,
   set.part[0] = {w, y, ldy};
   set.count = 1;
   launch_qgemv_set(set, x, ldx, dty, N, warps, pdl, st, split_ws, split_ws_floats);
-}
-
-bool launch_qgemm(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, cudaStream_t st) {
-  SALA_CUDA_REQUIRE(dty == kBF16 || dty == kF32, "qgemm: y must be bf16 or f32");
-  SALA_CUDA_REQUIRE(al8(x) && ldx % 4 == 0 && w.in % 4 == 0, "qgemm: x rows must be 8-byte aligned");
-  SALA_CUDA_REQUIRE(w.in < (int64_t(1) << 30) && ldx < (int64_t(1) << 31) && ldy < (int64_t(1) << 31) &&
-                        int64_t(N) * ((w.out + 15) / 16) < (int64_t(1) << 31),
-                    "qgemm: dimensions too large");
-  if (N <= 0 || w.out <= 0) return true;
-  QGemvSet set{};
-  set.part[0] = {w, y, ldy};
-  set.count = 1;
-  const QArgs a{set, w.out, x, ldx, dty, N, false, st};
-  const bool per_row = w.group == w.in, tile_group = !per_row && w.group % tile_k(w.fmt) == 0;
-  if (!per_row && !tile_group) return false;  // groups inside a tile: the batched kernel's flush does not take them
-  bool done = false;
-  switch (w.fmt) {
-    case kFP8: done = per_row && qgemm_pr<kFP8, true>(a); break;
-    case kQ8: done = per_row ? qgemm_pr<kQ8, true>(a) : qgemm_pr<kQ8, false>(a); break;
-    case kQ4: done = per_row ? qgemm_pr<kQ4, true>(a) : qgemm_pr<kQ4, false>(a); break;
-    default: SALA_CUDA_REQUIRE(false, "qgemm: unknown packed format");
-  }
-  if (done) SALA_CUDA_LAUNCH("qgemm kernel");
-  return done;
 }
 
 void launch_qgemv_act(const QWeight& gate, const QWeight& up, const void* x, int64_t ldx, void* act, int64_t ldact,
