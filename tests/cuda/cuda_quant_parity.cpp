@@ -187,7 +187,7 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
                 strf("rel %.2e", e));
         }
         if (n > 8 && n <= 32) {
-          for (int v : {1, 2}) {  // one or two row blocks per CTA (automatic: two from 1024 row blocks)
+          for (int v : {1, 2}) {  // one or two row blocks per CTA (automatic: two, where the batched kernel does not take the shape)
             cuda::set_qgemv_tuning(v, v == 1);  // (and without / with the early dependent launch)
             e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::F32), ref);
             cuda::set_qgemv_tuning(0, true);

@@ -1030,7 +1030,11 @@ void qgemv_f(const QArgs& a, int warps) {
     if (a.N <= 16 ? qgemv_batch<FMT, 2>(a) : qgemv_batch<FMT, 4>(a)) return;
     SALA_CUDA_REQUIRE(g_nt_variant == 0, "qgemv: the batched kernel does not take this shape");
   }
-  const bool two = g_nt_variant == 2 || (g_nt_variant == 0 && (a.rows + 15) / 16 >= 1024);
+  // Two row blocks per CTA wherever this GEMV is the automatic choice: in the sweeps of 161d351 and
+  // 06665e4 (bench/results/2026-11-25-h200-qgemv-batch.md) one row block per CTA lost at every
+  // shape left to it — 4096×4096 at N = 32: fp8 20.1 → 19.0 µs, int8 34.3 → 17.3, int4 22.9 →
+  // 16.5; int4 4096×16384 at N = 32 74.1 → 54.4 and 4096×4096 at N = 16 16.1 → 10.9.
+  const bool two = g_nt_variant == 2 || g_nt_variant == 0;
   if (a.N <= 16) {
     if (two) return qgemv_cfg<FMT, 2, 2, 2, 8>(a);
     return qgemv_cfg<FMT, 2, 1, 4, 8>(a);
