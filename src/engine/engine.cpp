@@ -66,7 +66,19 @@ void Engine::ensure_pages(Sequence& s, int64_t length) {
   }
 }
 
-std::vector<std::vector<float>> Engine::step(std::span<const Request> requests, int n_layers) {
+std::shared_ptr<std::vector<float>> Engine::logit_buffer(size_t floats) {
+  for (auto& b : logit_pool_)
+    if (b.use_count() == 1) {
+      if (b->size() < floats) b->resize(floats);  // grows only (no zeroing per step)
+      return b;
+    }
+  auto b = std::make_shared<std::vector<float>>(floats);
+  // A caller keeping many steps' logits: no more than a few pooled buffers, the rest its own.
+  if (logit_pool_.size() < 4) logit_pool_.push_back(b);
+  return b;
+}
+
+StepLogits Engine::step(std::span<const Request> requests, int n_layers) {
   const int V = model_.config().vocab_size;
   BatchInfo batch;
   std::vector<int64_t> rows;
@@ -96,8 +108,9 @@ std::vector<std::vector<float>> Engine::step(std::span<const Request> requests, 
     row_range.emplace_back(first, rows.size() - first);
     batch.seqs.push_back(std::move(e));
   }
-  std::vector<float> logits(rows.size() * size_t(V));
-  model_.forward(batch, rows, logits, n_layers);
+  const size_t floats = rows.size() * size_t(V);
+  std::shared_ptr<std::vector<float>> buffer = logit_buffer(floats);
+  model_.forward(batch, rows, std::span(buffer->data(), floats), n_layers);
   ++steps_;
   for (size_t i = 0; i < requests.size(); ++i) {
     const auto& r = requests[i];
@@ -112,10 +125,8 @@ std::vector<std::vector<float>> Engine::step(std::span<const Request> requests, 
     }
     s.tokens.insert(s.tokens.end(), r.tokens.begin(), r.tokens.end());
   }
-  std::vector<std::vector<float>> out;
-  for (const auto& [first, count] : row_range)
-    out.emplace_back(logits.begin() + std::ptrdiff_t(first * V), logits.begin() + std::ptrdiff_t((first + count) * V));
-  return out;
+  for (auto& [first, count] : row_range) first *= size_t(V), count *= size_t(V);
+  return StepLogits(std::move(buffer), std::move(row_range));
 }
 
 void Engine::snapshot(int seq) {

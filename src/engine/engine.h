@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/step_logits.h"
 #include "model/model.h"
 
 namespace sala {
@@ -36,11 +37,11 @@ class Engine {
     bool need_logits = true;  // false: no logits at all (a prompt chunk that does not end the prompt)
   };
   // One forward over all requests (a packed batch). Returns, per request, its logits rows
-  // ([rows, vocab] flattened; empty when need_logits is false). Total tokens must fit the model's
-  // max_batch_tokens.
+  // ([rows, vocab] flattened; empty when need_logits is false; step_logits.h). Total tokens must
+  // fit the model's max_batch_tokens.
   // `n_layers` >= 0 runs only the first layers + final norm + lm_head (the self-draft, spec §6.1);
   // the caches of the layers it skips are not touched (roll the sequence back afterwards).
-  std::vector<std::vector<float>> step(std::span<const Request> requests, int n_layers = -1);
+  StepLogits step(std::span<const Request> requests, int n_layers = -1);
 
   // Remembers the sequence's lightning states at its current length, so trim() can return to it.
   void snapshot(int seq);
@@ -85,6 +86,9 @@ class Engine {
   std::unordered_map<int, Sequence> seqs_;
   int next_id_ = 0;
   uint64_t steps_ = 0;
+  // Logit buffers (step_logits.h): one is free when the pool holds its only reference.
+  std::vector<std::shared_ptr<std::vector<float>>> logit_pool_;
+  std::shared_ptr<std::vector<float>> logit_buffer(size_t floats);
 };
 
 }  // namespace sala

@@ -169,7 +169,7 @@ Haystack build_haystack(const Tokenizer& tok, const std::string& filler, const N
 
 namespace {
 
-int32_t argmax_row(const std::vector<float>& logits, int vocab) {
+int32_t argmax_row(std::span<const float> logits, int vocab) {
   const float* row = logits.data() + logits.size() - size_t(vocab);
   return int32_t(std::max_element(row, row + vocab) - row);
 }
@@ -205,7 +205,7 @@ GreedyRunResult greedy_run(Engine& engine, std::span<const int32_t> prompt, cons
     Engine::Request req{seq, prompt.subspan(size_t(done), size_t(take)), n, false, final_chunk};
     auto out = engine.step(std::span(&req, 1));
     done += take;
-    if (final_chunk) last = std::move(out[0]);
+    if (final_chunk) last.assign(out[0].begin(), out[0].end());
     hook([&] {
       if (options.on_forward) options.on_forward();
       if (options.on_prefill) options.on_prefill(done, n);

@@ -953,7 +953,7 @@ GraphRun run_graph_scenario(bool graphs, const std::vector<int64_t>& prompts, in
     std::vector<Engine::Request> reqs;
     for (size_t k = 0; k < seqs.size(); ++k) reqs.push_back({seqs[k], std::span<const int32_t>(&next[k], 1)});
     auto res = e.step(reqs);
-    for (auto& r : res) out.logits.push_back(std::move(r));
+    for (size_t k = 0; k < res.size(); ++k) out.logits.emplace_back(res[k].begin(), res[k].end());
   }
   out.stats = gpu.graph_stats();
   out.graphs = gpu.graph_count();
@@ -1019,7 +1019,7 @@ std::vector<float> prefill(Engine& e, int s, const std::vector<int32_t>& prompt)
     const int64_t take = std::min<int64_t>(256, n - at);
     Engine::Request r{s, std::span(prompt).subspan(size_t(at), size_t(take)), n, false, at + take == n};
     auto out = e.step(std::span(&r, 1));
-    if (at + take == n) last = std::move(out[0]);
+    if (at + take == n) last.assign(out[0].begin(), out[0].end());
   }
   return last;
 }

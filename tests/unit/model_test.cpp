@@ -2,6 +2,7 @@
 // spec promises (chunking, batching, trimming) plus the regime rule of §4.2.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -104,6 +105,33 @@ TEST(Model, BatchOfTwoEqualsEachAlone) {
   EXPECT_LT(rel_err(out[1], alone_b), 1e-5);
 }
 
+// Engine::step's logits are views into pooled buffers (step_logits.h): a result kept while later
+// steps run must not be overwritten, a dropped one's buffer is reused, and indexing a temporary
+// copies.
+TEST(Engine, StepLogitsStayValidWhileHeld) {
+  Fixture f;
+  auto tokens = random_tokens(30, f.m.config.vocab_size, 9);
+  Engine e(*f.m.model, {.max_sequences = 1, .max_context = 512});
+  int s = e.open();
+  Engine::Request r0{s, std::span(tokens).first(10)};
+  const StepLogits held = e.step(std::span(&r0, 1));
+  const std::vector<float> copy(held[0].begin(), held[0].end());
+  ASSERT_EQ(copy.size(), size_t(f.m.config.vocab_size));
+  const float* held_data = held[0].data();
+  const float* reused = nullptr;
+  for (int i = 0; i < 3; ++i) {
+    Engine::Request r{s, std::span(tokens).subspan(size_t(10 + i), 1)};
+    const StepLogits next = e.step(std::span(&r, 1));
+    EXPECT_NE(next[0].data(), held_data);  // the held buffer is not handed out again
+    if (i > 0) EXPECT_EQ(next[0].data(), reused);  // a dropped one is
+    reused = next[0].data();
+  }
+  EXPECT_TRUE(std::ranges::equal(held[0], copy));
+  Engine::Request r1{s, std::span(tokens).subspan(13, 1)};
+  const std::vector<float> owned = e.step(std::span(&r1, 1))[0];  // a copy of a temporary's rows
+  EXPECT_EQ(owned.size(), size_t(f.m.config.vocab_size));
+}
+
 TEST(Model, TrimThenRefeedGivesIdenticalLogits) {
   Fixture f;
   auto tokens = random_tokens(280, f.m.config.vocab_size, 5);
@@ -117,7 +145,8 @@ TEST(Model, TrimThenRefeedGivesIdenticalLogits) {
   e.trim(s, 260);
   EXPECT_EQ(e.length(s), 260);
   auto again = e.step(std::span(&more, 1));
-  EXPECT_EQ(first[0], again[0]);  // bit-identical: same caches, same ops
+  // Bit-identical: same caches, same ops (both steps' logits held at once: two pool buffers).
+  EXPECT_TRUE(std::ranges::equal(first[0], again[0]));
   EXPECT_THROW(e.trim(s, 250), Error);  // no snapshot there
 }
 
@@ -132,7 +161,7 @@ TEST(Model, DecodePastDenseLenDiffersFromOneShotExactlyAsSpecified) {
   std::vector<float> incremental;
   Engine::Request p{s, std::span(tokens).first(250), -1, true};
   auto out = e.step(std::span(&p, 1));
-  incremental = out[0];
+  incremental.assign(out[0].begin(), out[0].end());
   for (size_t i = 250; i < tokens.size(); ++i) {
     Engine::Request d{s, std::span(tokens).subspan(i, 1), -1, true};
     auto o = e.step(std::span(&d, 1));
