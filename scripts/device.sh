@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine. Run from the repository root:
 #   scripts/device.sh            (OUT=dir for logs and JSON; default ./out)
-# Configures (Release, Ninja, CUDA arch 90, vendored headers from .carry/include when present),
+# Configures (Release, Ninja, CUDA arch 90a, vendored headers from .carry/include when present),
 # builds, runs the CUDA parity tests (sala_cuda_tests), the kernel benchmarks, then — when they
 # exist — the end-to-end GPU checks (tests/cuda/e2e_*.sh, run with $SALA and $SALA_ROOT set) and
 # `sala bench` (arguments from $SALA_BENCH_ARGS, time limit $SALA_BENCH_TIMEOUT s (300); default: random 9B
@@ -17,7 +17,7 @@ ROOT=$(pwd)
 OUT=${OUT:-$ROOT/out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-$ROOT/build-device}
-ARCH=${SALA_CUDA_ARCH:-90}
+ARCH=${SALA_CUDA_ARCH:-90a}
 STEPS=${SALA_DEVICE_STEPS:-build test bench e2e sala-bench quant-bench spec-costs serve-bench}
 JOBS=$(nproc 2>/dev/null || echo 8)
 declare -a SUMMARY=()

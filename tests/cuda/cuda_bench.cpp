@@ -199,6 +199,48 @@ int run_bench(int argc, char** argv) {
     return 0;
   }
 
+  // SALA_BENCH_ONLY=qgemm: packed prompt products (TFLOP/s of 2·N·out·in) — the GEMM that decodes
+  // the codes in its load path (staged: each warpgroup waits for its wgmmas before the next decode;
+  // overlapped: the decode of stage s runs under stage s − 1's wgmmas) against the dequantize +
+  // cuBLAS path and cuBLAS on the bf16 weight.
+  if (!all_sections && std::strcmp(only_env, "qgemm") == 0) {
+    struct F {
+      const char* name;
+      WeightFormat f;
+      int64_t group;
+    };
+    for (auto [out, in] : {std::pair<int64_t, int64_t>{4096, 4096}, {16384, 4096}, {4096, 16384}}) {
+      const Weight wb = be.random_weight(out, in, 0.f, 0.02f, 11);
+      for (F f : {F{"fp8", WeightFormat::FP8, 0}, F{"int8", WeightFormat::Q8, 0}, F{"int4", WeightFormat::Q4, 64}}) {
+        const Weight wq = be.random_quantized_weight(f.f, out, in, f.group ? f.group : in, 0.02f, 11);
+        for (int n : {256, 512, 2048, 4096}) {
+          auto xb = be.alloc(size_t(n * in) * 2), yb = be.alloc(size_t(n * out) * 2);
+          Mat x = xb->mat(DType::BF16, n, in), y = yb->mat(DType::BF16, n, out);
+          auto xh = host_rand(size_t(n * in), 1.f, 5);
+          be.upload(x, xh.data());
+          const double flop = 2.0 * n * out * in;
+          auto tf = [&](double us) { return flop / (us * 1e-6) / 1e12; };
+          std::string line = std::string("qgemm ") + f.name + " " + std::to_string(out) + "x" + std::to_string(in) +
+                             " N=" + std::to_string(n) + ":";
+          char buf[96];
+          const double bf = time_us(be, 10, [&](int) { be.matmul(x, wb, y); });
+          std::snprintf(buf, sizeof buf, " bf16 cuBLAS %.1f us (%.0f TF/s)", bf, tf(bf));
+          line += buf;
+          const char* names[] = {"dequant+cuBLAS", "", "staged", "overlapped"};
+          for (int mode : {0, 2, 3}) {
+            sala::cuda::set_qgemm_mode(mode);
+            const double us = time_us(be, 10, [&](int) { be.matmul(x, wq, y); });
+            std::snprintf(buf, sizeof buf, ", %s %.1f (%.0f)", names[mode], us, tf(us));
+            line += buf;
+          }
+          sala::cuda::set_qgemm_mode(1);
+          std::printf("%s\n", line.c_str());
+        }
+      }
+    }
+    return 0;
+  }
+
   // SALA_BENCH_ONLY=qgemv-batch: packed products of 16 and 32 rows (batched decode) per format
   // and shape — the kernels for N > 8 (auto; old: the GEMV with 1/2 row blocks per CTA; rb2/4/8:
   // the row-split kernel's row blocks per CTA; split8: it with the columns split 8 ways) against

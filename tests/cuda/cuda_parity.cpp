@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -1244,9 +1245,15 @@ int main(int argc, char** argv) {
     Ctx C;
     std::printf("device: %s\n", C.gpu.device_name().c_str());
     Rng r(20260515);
-    test_memory(C, r);
-    test_matmul(C, r);
+    // SALA_CUDA_TESTS=quant: only the packed-weight checks (a kernel's quick loop on the device).
+    const char* only = std::getenv("SALA_CUDA_TESTS");
+    const bool quant_only = only && std::strcmp(only, "quant") == 0;
+    if (!quant_only) test_memory(C, r), test_matmul(C, r);
     { void test_quant_parity(int&, int&); test_quant_parity(g_pass, g_fail); }  // cuda_quant_parity.cpp
+    if (quant_only) {
+      std::printf("%d passed, %d failed (SALA_CUDA_TESTS=quant)\n", g_pass, g_fail);
+      return g_fail ? 1 : 0;
+    }
     test_fused_ops(C, r);
     test_rows_ops(C, r);
     test_lightning(C, r);

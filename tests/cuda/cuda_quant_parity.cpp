@@ -1,8 +1,9 @@
 // Packed weights on the GPU (called from cuda_parity.cpp's main): the CUDA packed matmul against
 // the CPU packed matmul (the f32 reference) for every format at N = 1, 2, 3, 8 (decode GEMV, one
 // n-tile, every warp count), 9, 16, 17, 24, 25, 32 (2 or 4 n-tiles per decoded weight, one or two
-// row blocks per CTA), 33, 64 (several GEMV launches) and 512 (bf16 dequantization + cuBLAS), x/y
-// dtypes; matmul_group (grouped GEMV launch) against per-part matmul; matmul_silu_mul (the
+// row blocks per CTA), 33, 64 (several GEMV launches) and 512 (the prompt GEMM, or bf16
+// dequantization + cuBLAS where it does not fit), x/y dtypes; the prompt GEMM against the
+// dequantize + cuBLAS path; matmul_group (grouped GEMV launch) against per-part matmul; matmul_silu_mul (the
 // activation in the GEMV's epilogue) against the unfused pair and the CPU; the device tiling against
 // the host's (quant_layout.h); random packed weights; load errors; whole quantized models (CPU vs
 // GPU, packed vs dequantized, CUDA graphs on vs off).
@@ -231,7 +232,9 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
                   strf("rel %.2e", e));
           }
           gpu.set_use_gemv(false);  // small N through dequantization + cuBLAS
+          cuda::set_qgemm_mode(0);
           e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::F32), ref);
+          cuda::set_qgemm_mode(1);
           gpu.set_use_gemv(true);
           check(e < 1e-2, strf("packed matmul(cuBLAS) %s N=%lld %s", f.name, (long long)n, shape.c_str()),
                 strf("rel %.2e", e));
@@ -274,6 +277,60 @@ GroupRun run_group(Backend& b, const std::vector<Weight>& ws, const std::vector<
 // both run the same launch shape, and the CPU within the GEMV tolerance. The small set (240 rows)
 // gets its parts' automatic shape; the large one (10240 rows) a larger matrix's (other warps per
 // CTA for N ≤ 8: another fp32 summation order), so there only fixed warp counts must agree.
+// The prompt GEMM that decodes codes in its load path (quant_gemm.cu) against the dequantize +
+// cuBLAS path (the same bf16 weights: f32 outputs differ only in the order of the fp32 sums) and
+// the CPU: both kernel variants (decode overlapped with the wgmmas or not), token counts around
+// its 256-token tile, row counts around its 128-row tile, per-row and grouped formats.
+void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
+  if (!cuda::qgemm_available()) {
+    check(false, "qgemm: sm_90a code", "this build or GPU has no wgmma kernel (CMAKE_CUDA_ARCHITECTURES=90a, Hopper)");
+    return;
+  }
+  struct C {
+    const char* name;
+    WeightFormat f;
+    int64_t out, in, group;
+  };
+  const C cases[] = {{"fp8", WeightFormat::FP8, 1000, 4096, 4096},   {"int8", WeightFormat::Q8, 4096, 4096, 4096},
+                     {"q8 g64", WeightFormat::Q8, 200, 384, 64},       {"int4 g64", WeightFormat::Q4, 1000, 4096, 64},
+                     {"int4 g128", WeightFormat::Q4, 129, 1024, 128},  {"fp8", WeightFormat::FP8, 136, 64, 64},
+                     {"int4 g64", WeightFormat::Q4, 4096, 16384, 64}};
+  for (const C& c : cases) {
+    const PackedMatrix pm = random_packed(c.f, c.out, c.in, c.group, 77 + uint64_t(c.out));
+    const Weight wc = cpu.load_quantized_weight(pm.view(), c.name), wg = gpu.load_quantized_weight(pm.view(), c.name);
+    const std::string shape = strf("%s %lldx%lld", c.name, (long long)c.out, (long long)c.in);
+    for (int64_t n : {65, 256, 300, 1100}) {
+      if (c.in == 16384 && n != 300) continue;
+      const auto x = randn(size_t(n * c.in), 91 + uint64_t(n));
+      const auto ref = run_matmul(cpu, wc, x, n, DType::F32, DType::F32);
+      cuda::set_qgemm_mode(0);  // dequantize + cuBLAS
+      const auto deq = run_matmul(gpu, wg, x, n, DType::BF16, DType::F32);
+      const auto deq16 = run_matmul(gpu, wg, x, n, DType::BF16, DType::BF16);
+      for (int mode : {2, 3}) {
+        cuda::set_qgemm_mode(mode);
+        const auto y = run_matmul(gpu, wg, x, n, DType::BF16, DType::F32);
+        const auto y16 = run_matmul(gpu, wg, x, n, DType::BF16, DType::BF16);
+        const char* v = mode == 3 ? "overlapped" : "staged";
+        double e = rel_err(y, deq);
+        check(e < 2e-5, strf("qgemm %s N=%lld %s == dequant+cuBLAS (f32)", shape.c_str(), (long long)n, v),
+              strf("rel %.2e", e));
+        e = rel_err(y16, deq16);
+        check(e < 4e-3, strf("qgemm %s N=%lld %s == dequant+cuBLAS (bf16)", shape.c_str(), (long long)n, v),
+              strf("rel %.2e", e));
+        e = rel_err(y, ref);
+        check(e < 1e-2, strf("qgemm %s N=%lld %s vs CPU", shape.c_str(), (long long)n, v), strf("rel %.2e", e));
+      }
+      cuda::set_qgemm_mode(1);
+    }
+  }
+  // Shapes it does not take say why (and matmul takes the dequantize path).
+  const PackedMatrix odd = random_packed(WeightFormat::Q4, 64, 96, 32, 5);
+  const Weight wo = gpu.load_quantized_weight(odd.view(), "int4 g32");
+  const cuda::QWeight qo{int(wo.format), wo.w.data, static_cast<const float*>(wo.scales), 64, 96, 32};
+  const std::string why = cuda::qgemm_unfit(qo, wo.w.data, 96);
+  check(why.find("multiple of 64") != std::string::npos, "qgemm: 96 columns, groups of 32 not taken", why);
+}
+
 void test_matmul_group(CpuBackend& cpu, CudaBackend& gpu) {
   const int64_t in = 256;
   std::vector<Weight> mixed;  // a small part of each format: a set that runs part by part
@@ -568,6 +625,7 @@ void test_quant_parity(int& pass, int& fail) {
     CpuBackend cpu(0);
     CudaBackend gpu(0);
     test_matmuls(cpu, gpu);
+    test_qgemm(cpu, gpu);
     test_matmul_group(cpu, gpu);
     test_matmul_silu_mul(cpu, gpu);
     test_fp8_prefill(cpu, gpu);

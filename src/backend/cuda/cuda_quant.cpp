@@ -2,8 +2,8 @@
 // tiles them on the device (quant_layout.h), random packed weights are generated on the device,
 // and matmul runs the packed decode GEMV for N ≤ 64 (q8/fp8) / 128 (q4) (quant_gemv.cu; matmul_group:
 // one grouped launch for N ≤ 32) and, above, dequantizes row blocks into a fixed bf16 scratch that
-// cuBLAS multiplies (prefill is compute bound: the extra pass costs ~2.6 bytes per weight against
-// 2·N FLOPs per weight of tensor-core work). With --fp8-prefill, per-row FP8 weights multiply
+// cuBLAS multiplies — or, for up to 256 rows of a tall matrix on Hopper, where that pass would
+// dominate, runs the GEMM that decodes the codes in its load path (quant_gemm.cu). With --fp8-prefill, per-row FP8 weights multiply
 // prefill rows in fp8 instead (cuBLASLt, activations quantized per row: W8A8).
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -77,6 +77,7 @@ Weight CudaBackend::alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t gr
   w.scales = base + align256(code_bytes);
   w.packed_bytes = code_bytes + param_bytes;  // padding rows/columns included: a product reads them
   if (qscratch_.capacity() == 0) qscratch_.reserve(qscratch_bytes());
+  cuda::qgemm_available();  // probed here, outside any graph capture
   return w;
 }
 
@@ -169,7 +170,18 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
                          stream_, ws, ws_floats);
     return;
   }
-  // Larger N: row blocks dequantized to bf16 [rows, in] in the fixed scratch, then cuBLAS writes
+  // Where it is the faster path (few rows of a tall matrix, quant_gemm.cu), the GEMM that decodes
+  // the codes in its load path; a shape or build it cannot take says why, once.
+  if (cuda::qgemm_preferred(q, int(N))) {
+    const std::string unfit = cuda::qgemm_unfit(q, xb, in);
+    if (unfit.empty()) return cuda::launch_qgemm(q, xb, in, y.data, ydt, y.cols, int(N), stream_);
+    static std::once_flag qgemm_warned;
+    std::call_once(qgemm_warned, [&] {
+      std::fprintf(stderr, "note: packed products of %lld rows: %s; they dequantize to bf16 for cuBLAS instead\n",
+                   (long long)N, unfit.c_str());
+    });
+  }
+  // Otherwise: row blocks dequantized to bf16 [rows, in] in the fixed scratch, then cuBLAS writes
   // y[:, o0 : o0 + rows] (column-major view: yᵀ[o0 + r, n] at y + o0 with leading dimension y.cols).
   const int64_t block = std::max<int64_t>(16, int64_t(qscratch_.capacity() / (size_t(in) * 2)) / 16 * 16);
   const float alpha = 1.0f, beta = 0.0f;

@@ -47,6 +47,7 @@
 
 #include "core/rng.h"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/quant_decode.cuh"
 #include "backend/quant_layout.h"
 
 namespace sala::cuda {
@@ -67,32 +68,9 @@ int g_nt_variant = 0;
 int g_small_variant = 0;
 bool g_trigger = true;
 
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-__device__ __forceinline__ float2 f16x2_to_float2(uint32_t h) {
-  return make_float2(__half2float(__ushort_as_half(uint16_t(h & 0xffffu))), __half2float(__ushort_as_half(uint16_t(h >> 16))));
-}
-
 // Two f32 values with at most 8 significant bits (their low 16 bits are zero) as a bf16x2: exact.
 __device__ __forceinline__ uint32_t pack_exact_bf16x2(float lo, float hi) {
   return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
-}
-
-// Weights are read once: 16-byte loads that bypass L1 (x, which every row block re-reads, stays).
-// volatile keeps the loads issued before griddepcontrol.wait where the code puts them.
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-__device__ __forceinline__ float4 ld_param(const float4* p) {
-  float4 v;
-  asm volatile("ld.global.nc.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
-  return v;
 }
 
 // FP8: e4m3 bytes 2h, 2h+1 of a word as a bf16x2 of the exact values times kFp8Unit.

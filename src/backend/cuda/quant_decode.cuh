@@ -1,0 +1,47 @@
+// Device helpers of the packed-weight kernels (quant_gemv.cu, quant_gemm.cu): the loads of the
+// tile layout (quant_layout.h) and the exact conversions of its codes.
+#pragma once
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backend/quant_layout.h"
+
+namespace sala::cuda {
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+__device__ __forceinline__ float2 f16x2_to_float2(uint32_t h) {
+  return make_float2(__half2float(__ushort_as_half(uint16_t(h & 0xffffu))), __half2float(__ushort_as_half(uint16_t(h >> 16))));
+}
+
+// Weights are read once: 16-byte loads that bypass L1 (x, which every row block re-reads, stays).
+// volatile keeps the loads issued before griddepcontrol.wait where the code puts them.
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ float4 ld_param(const float4* p) {
+  float4 v;
+  asm volatile("ld.global.nc.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  return v;
+}
+
+// FP8: e4m3 bytes 2h, 2h+1 of a word as their exact values (sm_89+: one conversion of the pair).
+__device__ __forceinline__ float2 fp8x2_float2(uint32_t word, int h) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t f16x2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(f16x2) : "h"(uint16_t(word >> (16 * h))));
+  return f16x2_to_float2(f16x2);
+#else
+  const float2 f = f16x2_to_float2(qlayout::fp8_f16x2(word, h));  // e4m3·2^-8 (quant_layout.h)
+  return make_float2(f.x * 256.f, f.y * 256.f);
+#endif
+}
+
+}  // namespace sala::cuda
