@@ -7,10 +7,11 @@
 # `sala bench` (arguments from $SALA_BENCH_ARGS, time limit $SALA_BENCH_TIMEOUT s (300); default: random 9B
 # weights, contexts 1k-32k), the quantized rows (quant-bench: fp8, int8, int4 at 4K/32K, batches 1/8/32),
 # the quality of the packed formats on the 9B shape (quant-quality: `sala quant-quality`, random
-# weights, lm_head kept / quantized), the speculative verify/draft costs (spec-costs) and the serving benchmark (serve-bench:
+# weights, lm_head kept / quantized), the packed prompt GEMM (qgemm: its kernel table, and decode batches of 128 and
+# 256 sequences with it off / on), the speculative verify/draft costs (spec-costs) and the serving benchmark (serve-bench:
 # scripts/serve_bench.sh, 9B random, concurrency 1/8/32). Missing optional steps are skipped with a message.
 # A short summary table is printed last. Steps can be chosen with
-#   SALA_DEVICE_STEPS="build test bench e2e sala-bench quant-bench quant-quality spec-costs serve-bench"   (default: all)
+#   SALA_DEVICE_STEPS="build test bench e2e sala-bench quant-bench quant-quality qgemm spec-costs serve-bench"   (default: all but quant-quality, qgemm)
 # Exit status: non-zero if the build or any run step failed.
 set -uo pipefail
 ROOT=$(pwd)
@@ -179,6 +180,24 @@ if want serve-bench; then
     if [ "$LAST_RC" -eq 0 ]; then note serve-bench ok "$LAST_DT" "serve-bench.json"; else note serve-bench FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
   else
     note serve-bench skipped 0 "no sala binary"
+  fi
+fi
+
+# ---- packed prompt GEMM (quant_gemm.cu): per-kernel table, then batched packed decode with it off / on ----
+if want qgemm; then
+  if [ -x "$TESTS" ]; then
+    run qgemm-kernels "$OUT/qgemm.log" env SALA_BENCH_ONLY=qgemm timeout 200 "$TESTS" --bench
+    if [ "$LAST_RC" -eq 0 ]; then note qgemm-kern ok "$LAST_DT" "qgemm.log"; else note qgemm-kern FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
+  fi
+  if have_bench; then
+    for q in none:- fp8:0 fp8:1 int4:0 int4:1; do
+      fmt=${q%%:*} mode=${q##*:}
+      [ "$mode" = - ] && mode=1
+      run "qgemm-$fmt-$mode" "$OUT/qgemm.log" env SALA_CUDA_QGEMM="$mode" timeout 200 "$SALA" bench --random 9b \
+        --backend cuda --quant "$fmt" --contexts 1k --batches 128,256 --batch-context 512 --decode-steps 8 \
+        --json "$OUT/qgemm-$fmt-$mode.json"
+      if [ "$LAST_RC" -eq 0 ]; then note "qgemm-$fmt-$mode" ok "$LAST_DT" "SALA_CUDA_QGEMM=$mode"; else note "qgemm-$fmt-$mode" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
+    done
   fi
 fi
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -202,18 +203,27 @@ int run_bench(int argc, char** argv) {
   // SALA_BENCH_ONLY=qgemm: packed prompt products (TFLOP/s of 2·N·out·in) — the GEMM that decodes
   // the codes in its load path (staged: each warpgroup waits for its wgmmas before the next decode;
   // overlapped: the decode of stage s runs under stage s − 1's wgmmas) against the dequantize +
-  // cuBLAS path and cuBLAS on the bf16 weight.
+  // cuBLAS path and cuBLAS on the bf16 weight. SALA_BENCH_QGEMM="ROWS FORMAT N" (e.g. "16384 fp8
+  // 2048") runs one case only, for a profiler.
   if (!all_sections && std::strcmp(only_env, "qgemm") == 0) {
     struct F {
       const char* name;
       WeightFormat f;
       int64_t group;
     };
+    long one_rows = 0, one_n = 0;
+    char one_fmt[16] = "";
+    if (const char* e = std::getenv("SALA_BENCH_QGEMM"))
+      if (std::sscanf(e, "%ld %15s %ld", &one_rows, one_fmt, &one_n) != 3)
+        throw std::runtime_error("SALA_BENCH_QGEMM: expected \"ROWS FORMAT N\", got \"" + std::string(e) + "\"");
     for (auto [out, in] : {std::pair<int64_t, int64_t>{4096, 4096}, {16384, 4096}, {4096, 16384}}) {
+      if (one_rows && out != one_rows) continue;
       const Weight wb = be.random_weight(out, in, 0.f, 0.02f, 11);
       for (F f : {F{"fp8", WeightFormat::FP8, 0}, F{"int8", WeightFormat::Q8, 0}, F{"int4", WeightFormat::Q4, 64}}) {
+        if (one_rows && std::strcmp(f.name, one_fmt) != 0) continue;
         const Weight wq = be.random_quantized_weight(f.f, out, in, f.group ? f.group : in, 0.02f, 11);
-        for (int n : {256, 512, 2048, 4096}) {
+        for (int n : {128, 256, 512, 2048, 4096}) {
+          if (one_rows && n != one_n) continue;
           auto xb = be.alloc(size_t(n * in) * 2), yb = be.alloc(size_t(n * out) * 2);
           Mat x = xb->mat(DType::BF16, n, in), y = yb->mat(DType::BF16, n, out);
           auto xh = host_rand(size_t(n * in), 1.f, 5);
