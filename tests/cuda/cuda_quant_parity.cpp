@@ -279,7 +279,7 @@ GroupRun run_group(Backend& b, const std::vector<Weight>& ws, const std::vector<
 // CTA for N ≤ 8: another fp32 summation order), so there only fixed warp counts must agree.
 // The prompt GEMM that decodes codes in its load path (quant_gemm.cu) against the dequantize +
 // cuBLAS path (the same bf16 weights: f32 outputs differ only in the order of the fp32 sums) and
-// the CPU: both kernel variants (decode overlapped with the wgmmas or not), token counts around
+// the CPU: the kernel's three variants (staged, overlapped, skewed decode), token counts around
 // its 256-token tile, row counts around its 128-row tile, per-row and grouped formats.
 void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
   if (!cuda::qgemm_available()) {
@@ -294,7 +294,7 @@ void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
   const C cases[] = {{"fp8", WeightFormat::FP8, 1000, 4096, 4096},   {"int8", WeightFormat::Q8, 4096, 4096, 4096},
                      {"q8 g64", WeightFormat::Q8, 200, 384, 64},       {"int4 g64", WeightFormat::Q4, 1000, 4096, 64},
                      {"int4 g128", WeightFormat::Q4, 129, 1024, 128},  {"fp8", WeightFormat::FP8, 136, 64, 64},
-                     {"int4 g64", WeightFormat::Q4, 4096, 16384, 64}};
+                     {"int4 g64", WeightFormat::Q4, 4096, 16384, 64},  {"int4 g64", WeightFormat::Q4, 16384, 128, 64}};
   for (const C& c : cases) {
     const PackedMatrix pm = random_packed(c.f, c.out, c.in, c.group, 77 + uint64_t(c.out));
     const Weight wc = cpu.load_quantized_weight(pm.view(), c.name), wg = gpu.load_quantized_weight(pm.view(), c.name);
@@ -306,11 +306,11 @@ void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
       cuda::set_qgemm_mode(0);  // dequantize + cuBLAS
       const auto deq = run_matmul(gpu, wg, x, n, DType::BF16, DType::F32);
       const auto deq16 = run_matmul(gpu, wg, x, n, DType::BF16, DType::BF16);
-      for (int mode : {2, 3}) {
+      for (int mode : {1, 2, 3, 4}) {  // 1: the automatic choice (the kernel at ≤ 256 rows of 16384+)
         cuda::set_qgemm_mode(mode);
         const auto y = run_matmul(gpu, wg, x, n, DType::BF16, DType::F32);
         const auto y16 = run_matmul(gpu, wg, x, n, DType::BF16, DType::BF16);
-        const char* v = mode == 3 ? "overlapped" : "staged";
+        const char* v = mode == 1 ? "automatic" : mode == 2 ? "staged" : mode == 3 ? "overlapped" : "skewed";
         double e = rel_err(y, deq);
         check(e < 2e-5, strf("qgemm %s N=%lld %s == dequant+cuBLAS (f32)", shape.c_str(), (long long)n, v),
               strf("rel %.2e", e));

@@ -1,6 +1,6 @@
 // CUDA backend: packed weights (docs/quantization.md). Loading uploads the canonical codes and
 // tiles them on the device (quant_layout.h), random packed weights are generated on the device,
-// and matmul runs the packed decode GEMV for N ≤ 64 (q8/fp8) / 128 (q4) (quant_gemv.cu; matmul_group:
+// and matmul runs the packed decode GEMV for N ≤ 64 (quant_gemv.cu; matmul_group:
 // one grouped launch for N ≤ 32) and, above, dequantizes row blocks into a fixed bf16 scratch that
 // cuBLAS multiplies — or, for up to 256 rows of a tall matrix on Hopper, where that pass would
 // dominate, runs the GEMM that decodes the codes in its load path (quant_gemm.cu). With --fp8-prefill, per-row FP8 weights multiply
@@ -46,6 +46,9 @@ size_t qscratch_bytes() {
 }
 
 constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+// Rows a packed product takes on the decode GEMV (two launches of 32; see matmul_packed).
+constexpr int64_t kPackedGemvMaxRows = 64;
 
 cuda::QWeight qweight(const Weight& w) {
   return {int(w.format), w.w.data, static_cast<const float*>(w.scales), w.out(), w.in(), w.group};
@@ -143,13 +146,13 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   const void* xb = packed_input(x);
   const cuda::Dt ydt = y.dtype == DType::BF16 ? cuda::kBF16 : cuda::kF32;
   const size_t ysize = dtype_size(y.dtype);
-  // Decode GEMV, up to 32 rows per launch (each decoded weight feeds 4 n-tiles of 8). Beyond, more
-  // launches re-read the packed bytes: worth it while their codes add up to no more than a bf16
-  // weight (2 bytes): up to 128 rows of q4, 64 of q8/fp8 — still ≥ 2× fewer bytes than the
-  // dequantize + cuBLAS path below (packed + 2 written + 2 read per weight).
+  // Decode GEMV, up to 32 rows per launch (each decoded weight feeds 4 n-tiles of 8), at most two
+  // launches (64 rows): each re-reads the packed bytes and is bound by its instructions, so beyond
+  // that the other paths are faster, for q4 as well (H100, 128 rows: q4 16384×4096 on four GEMV
+  // launches 231 µs, the fused GEMM 87–91 at 256 rows, the same tile; 4096×4096 63 µs against 35
+  // for fp8's dequantize + cuBLAS — bench/results/2026-11-25-h100-qgemm.md).
   // Batch-invariant backends: one fixed launch shape (8 warps) in launches of ≤ 8 rows, up to 64 rows.
   const int64_t rows_per_launch = batch_invariant_ ? 8 : 32;
-  const int64_t launches = (N + rows_per_launch - 1) / rows_per_launch;
   if (fp8_prefill_ && w.format == WeightFormat::FP8 && N >= kFp8PrefillMinRows) {
     const std::string unfit = fp8_prefill_unfit(w, y);
     if (unfit.empty()) return matmul_fp8_activations(xb, N, w, y);
@@ -159,8 +162,7 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
                    unfit.c_str());
     });
   }
-  const double code_bytes = w.format == WeightFormat::Q4 ? 0.5 : 1.0;
-  if (use_gemv_ && (batch_invariant_ ? N <= 64 : double(launches) * code_bytes <= 2.0)) {
+  if (use_gemv_ && N <= kPackedGemvMaxRows) {
     size_t ws_floats = 0;
     float* ws = qsplit_workspace(std::min(N, rows_per_launch), out, &ws_floats);
     for (int64_t n0 = 0; n0 < N; n0 += rows_per_launch)

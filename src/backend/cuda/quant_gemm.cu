@@ -47,7 +47,8 @@ constexpr int kThreads = 256;                    // two warpgroups
 constexpr int kStageBytes = kBN * kBK * 2;       // 32 KiB
 constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment of the swizzle atoms
 
-// 0: off (the dequantize + cuBLAS path), 1: automatic, 2 / 3: the kernel without / with OVERLAP.
+// 0: off (the dequantize + cuBLAS path), 1: automatic, 2 / 3 / 4: the kernel's kStaged / kOverlapped /
+// kSkewed variant wherever a shape fits.
 int g_qgemm_mode = -1;  // -1: not read yet (SALA_CUDA_QGEMM)
 int qgemm_mode() {
   if (g_qgemm_mode < 0) {
@@ -154,7 +155,18 @@ __device__ __forceinline__ void decode_step(const uint4 (&c)[CT], const float4& 
   }
 }
 
-template <int FMT, bool OVERLAP>
+// How a warpgroup's decode meets the tensor cores (kernel comment at the top; measured in
+// bench/results/2026-11-25-h100-qgemm.md):
+//   kStaged: decode stage s after the stage barrier, then its wgmmas, then wait for them. Both
+//     warpgroups decode at the same time, between barriers, while the tensor cores idle.
+//   kOverlapped: decode stage s while stage s − 1's wgmmas run (two A buffers; ptxas serializes
+//     part of the wgmmas for it, C7513).
+//   kSkewed: as kStaged, but warpgroup 1 decodes before the barrier (its A registers are free once
+//     it waited for its wgmmas), so at the barrier its wgmmas start while warpgroup 0 decodes, and
+//     warpgroup 1 decodes the next stage while warpgroup 0's wgmmas run.
+enum Variant : int { kStaged = 0, kOverlapped = 1, kSkewed = 2 };
+
+template <int FMT, int VARIANT>
 __global__ void __launch_bounds__(kThreads, 1)
     qgemm_kernel(QWeight w, const bf16* __restrict__ x, int64_t ldx, void* __restrict__ y, int ydt, int64_t ldy,
                  int N) {
@@ -202,7 +214,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint4 cbuf[2][CT];
   float4 pbuf[2];
   pbuf[0] = pbuf[1] = live ? ld_param(params) : make_float4(0.f, 0.f, 0.f, 0.f);  // per-row formats: for good
+  constexpr bool OVERLAP = VARIANT == kOverlapped;
   uint32_t a[OVERLAP ? 2 : 1][4][4];
+  const bool early = VARIANT == kSkewed && warp >= 4;  // warpgroup 1 of the skewed variant
   const int src1 = (lane & ~3) | (t >> 1), src2 = src1 + 2;
 
   // x stages in flight ahead of the one consumed: with OVERLAP, stage s − 1's wgmmas may still
@@ -213,20 +227,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   load_codes(0, cbuf[0], pbuf[0]);
 
   // One stage: P is its buffer parity (compile time, so the register arrays stay registers).
-  // OVERLAP: stage s's A fragments are decoded while stage s − 1's wgmmas run (two A buffers; ptxas
-  // may serialize the wgmmas for it, C7513). Otherwise each stage waits for its own wgmmas, and the
-  // other warpgroup's are what the tensor cores run during a decode.
   auto step = [&](auto P, int s) {
     constexpr int p = decltype(P)::value, pa = OVERLAP ? p : 0;
+    auto decode = [&] {
+      decode_step<FMT, 0>(cbuf[p], pbuf[p], src1, src2, t, a[pa][0]);
+      decode_step<FMT, 1>(cbuf[p], pbuf[p], src1, src2, t, a[pa][1]);
+      decode_step<FMT, 2>(cbuf[p], pbuf[p], src1, src2, t, a[pa][2]);
+      decode_step<FMT, 3>(cbuf[p], pbuf[p], src1, src2, t, a[pa][3]);
+    };
+    if (early) decode();  // codes only: no shared memory needed yet
     load_codes(s + 1, cbuf[p ^ 1], pbuf[p ^ 1]);
     cp_async_wait<ahead - 1>();  // this thread's copies of stage s have landed
     fence_proxy_async();
     __syncthreads();  // everyone's; and the wgmmas that read the buffer loaded next are done
     load_x(s + ahead);
-    decode_step<FMT, 0>(cbuf[p], pbuf[p], src1, src2, t, a[pa][0]);
-    decode_step<FMT, 1>(cbuf[p], pbuf[p], src1, src2, t, a[pa][1]);
-    decode_step<FMT, 2>(cbuf[p], pbuf[p], src1, src2, t, a[pa][2]);
-    decode_step<FMT, 3>(cbuf[p], pbuf[p], src1, src2, t, a[pa][3]);
+    if (!early) decode();
     const uint64_t desc = b_desc(sbase + uint32_t(s % kStages) * kStageBytes);
     wgmma_fence();
 #pragma unroll
@@ -289,8 +304,9 @@ bool qgemm_available() {
     cudaFree(d);
     cudaGetLastError();  // a device this build has no code for: the probe fails, the path stays off
     if (!ok || h != 1) return false;
-    for (auto kernel : {qgemm_kernel<kFP8, false>, qgemm_kernel<kFP8, true>, qgemm_kernel<kQ8, false>,
-                        qgemm_kernel<kQ8, true>, qgemm_kernel<kQ4, false>, qgemm_kernel<kQ4, true>})
+    for (auto kernel : {qgemm_kernel<kFP8, kStaged>, qgemm_kernel<kFP8, kOverlapped>, qgemm_kernel<kFP8, kSkewed>,
+                        qgemm_kernel<kQ8, kStaged>, qgemm_kernel<kQ8, kOverlapped>, qgemm_kernel<kQ8, kSkewed>,
+                        qgemm_kernel<kQ4, kStaged>, qgemm_kernel<kQ4, kOverlapped>, qgemm_kernel<kQ4, kSkewed>})
       SALA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     return true;
   }();
@@ -330,11 +346,17 @@ void launch_qgemm(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty,
   auto run = [&](auto kernel) {
     kernel<<<grid, kThreads, kSmemBytes, st>>>(w, static_cast<const bf16*>(x), ldx, y, int(dty), ldy, N);
   };
-  const bool overlap = qgemm_mode() != 2;  // automatic: the faster variant at every measured shape
+  // Automatic: the variant measured fastest where the kernel is chosen (≤ 256 rows of 16384-row
+  // matrices, H100): overlapped for 8-bit codes (1–2% ahead), skewed for q4 (87 against 91 µs).
+  const int mode = qgemm_mode();
+  const int v = mode == 2 ? kStaged : mode == 3 ? kOverlapped : mode == 4 ? kSkewed : w.fmt == kQ4 ? kSkewed : kOverlapped;
+  auto pick = [&](auto staged, auto overlapped, auto skewed) {
+    v == kStaged ? run(staged) : v == kSkewed ? run(skewed) : run(overlapped);
+  };
   switch (w.fmt) {
-    case kFP8: overlap ? run(qgemm_kernel<kFP8, true>) : run(qgemm_kernel<kFP8, false>); break;
-    case kQ8: overlap ? run(qgemm_kernel<kQ8, true>) : run(qgemm_kernel<kQ8, false>); break;
-    case kQ4: overlap ? run(qgemm_kernel<kQ4, true>) : run(qgemm_kernel<kQ4, false>); break;
+    case kFP8: pick(qgemm_kernel<kFP8, kStaged>, qgemm_kernel<kFP8, kOverlapped>, qgemm_kernel<kFP8, kSkewed>); break;
+    case kQ8: pick(qgemm_kernel<kQ8, kStaged>, qgemm_kernel<kQ8, kOverlapped>, qgemm_kernel<kQ8, kSkewed>); break;
+    case kQ4: pick(qgemm_kernel<kQ4, kStaged>, qgemm_kernel<kQ4, kOverlapped>, qgemm_kernel<kQ4, kSkewed>); break;
     default: SALA_CUDA_REQUIRE(false, "qgemm: unknown packed format");
   }
   SALA_CUDA_LAUNCH("qgemm kernel");
