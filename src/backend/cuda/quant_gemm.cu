@@ -1,13 +1,14 @@
-// Prompt products of packed weights (FP8, Q8, Q4) on Hopper's tensor cores, the codes decoded in
-// the GEMM's load path: y[n, o] = Σ_k x[n, k]·w[o, k] for the 65+ rows of a prefill chunk, with
-// no dequantized copy of the matrix (docs/quantization.md, "CUDA prefill").
+// Products of 65+ rows (decode batches, prompt chunks) with packed weights (FP8, Q8, Q4) on Hopper's
+// tensor cores, the codes decoded in the GEMM's load path: y[n, o] = Σ_k x[n, k]·w[o, k] with no
+// dequantized copy of the matrix (docs/quantization.md, "The GEMM that decodes in its load path").
 //
 // Why: the dequantize + cuBLAS path writes and re-reads a bf16 copy of every matrix in every
-// chunk (1 + 2 + 2 bytes per weight against bf16's 2), which kept packed prefill at 0.96× bf16.
-// Here each weight is read once per CTA as its packed bytes and decoded in registers.
+// forward (1 + 2 + 2 bytes per weight against bf16's 2): at a few hundred rows that pass costs
+// more than the product. Here each weight is read once per CTA as its packed bytes and decoded in
+// registers.
 //
-// Speed of light: the tensor cores. 2·N·out·in FLOPs at ~790 TFLOP/s (bf16 dense, H200 measured);
-// the bytes (codes once from DRAM, x from L2) are far below the memory roof at N ≥ 256.
+// Speed of light: the tensor cores. 2·N·out·in FLOPs at ~790 TFLOP/s (cuBLAS bf16, H100/H200
+// measured); the bytes (codes once from DRAM, x from L2) are far below the memory roof at N ≥ 128.
 //
 // Kernel (sm_90a, wgmma): a CTA of two warpgroups owns 128 weight rows × 256 tokens. The weight
 // is the A operand, from registers: warp w holds row block w of the CTA (16 rows), and per k16
@@ -16,10 +17,12 @@
 // 2t, 2t+1, 2t+8, 2t+9 that wgmma's A fragment wants, and decodes them as the dequantize kernel
 // does — bf16(fma(s, q, b)), FP8 bf16(s·e4m3) — so the products are those of the dequantized
 // matrix, in fp32 (only the order of the sums differs from cuBLAS). x is the B operand: 256 rows
-// × 64 k per stage in shared memory (cp.async, 128-byte swizzle, 4 stages, 2 in flight), read by
+// × 64 k per stage in shared memory (cp.async, 128-byte swizzle, 4 stages, 2–3 in flight), read by
 // wgmma.m64n256k16 through a matrix descriptor. The codes of stage s+1 are in flight while stage s
-// is decoded, and stage s's decode runs while stage s−1's wgmmas do. Grid: the token tiles of a
+// is decoded; how a decode overlaps the wgmmas is the Variant below. Grid: the token tiles of a
 // row tile adjacent (blockIdx.x), so a weight comes from DRAM once and from L2 for the others.
+// Measured at 390–450 TFLOP/s (~55% of cuBLAS bf16): the warps wait at the per-stage CTA barrier
+// (Nsight Compute); qgemm_preferred says where that still beats dequantize + cuBLAS.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -324,12 +327,12 @@ std::string qgemm_unfit(const QWeight& w, const void* x, int64_t ldx) {
   return {};
 }
 
-// Measured (H100, bench/results/2026-11-25-h100-qgemm.md): the kernel runs at ~400–470 TFLOP/s;
-// dequantize + cuBLAS pays a fixed ~3 bytes per weight and then runs at cuBLAS's ~800. The fused
-// kernel wins where that pass dominates and its own grid fills the GPU: one token tile (N ≤ 256)
-// of a matrix of 16384+ rows (≥ 128 CTAs; 16384×4096 at N = 256: 79 µs against 139). At 2048
-// prompt rows it is 0.6–0.7× the dequantize path, and on 4096-row matrices its 32 CTAs per token
-// tile leave most SMs idle.
+// Measured (H100, bench/results/2026-11-25-h100-qgemm.md): the kernel runs at 390–450 TFLOP/s;
+// dequantize + cuBLAS pays a fixed ~3 bytes per weight and then runs at cuBLAS's ~750–800. The
+// fused kernel wins where that pass dominates and its own grid fills the GPU: one token tile
+// (N ≤ 256) of a matrix of 16384+ rows (≥ 128 CTAs; fp8 16384×4096 at 128–256 rows: 80 µs against
+// 134–139). At 2048 prompt rows it is 0.6–0.7× the dequantize path, and on 4096-row matrices its
+// 32 CTAs per token tile leave most SMs idle. (The packed GEMV keeps N ≤ 64: cuda_quant.cpp.)
 bool qgemm_preferred(const QWeight& w, int N) {
   const int mode = qgemm_mode();
   if (mode == 0) return false;
