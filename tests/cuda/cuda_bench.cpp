@@ -201,7 +201,7 @@ int run_bench(int argc, char** argv) {
   }
 
   // SALA_BENCH_ONLY=qgemm: packed prompt products (TFLOP/s of 2·N·out·in) — the GEMM that decodes
-  // the codes in its load path (its staged, overlapped and skewed variants, quant_gemm.cu) against the dequantize +
+  // the codes in its load path (its four variants, quant_gemm.cu) against the dequantize +
   // cuBLAS path and cuBLAS on the bf16 weight. SALA_BENCH_QGEMM="ROWS FORMAT N" (e.g. "16384 fp8
   // 2048") runs one case only, for a profiler.
   if (!all_sections && std::strcmp(only_env, "qgemm") == 0) {
@@ -235,9 +235,9 @@ int run_bench(int argc, char** argv) {
           const double bf = time_us(be, 10, [&](int) { be.matmul(x, wb, y); });
           std::snprintf(buf, sizeof buf, " bf16 cuBLAS %.1f us (%.0f TF/s)", bf, tf(bf));
           line += buf;
-          const char* names[] = {"dequant+cuBLAS", "", "staged", "overlapped", "skewed"};
+          const char* names[] = {"dequant+cuBLAS", "", "staged", "overlapped", "skewed", "pipelined"};
           be.set_use_gemv(false);  // these paths at any N (matmul takes ≤ 64 rows on the GEMV)
-          for (int mode : {0, 2, 3, 4}) {
+          for (int mode : {0, 2, 3, 4, 5}) {
             sala::cuda::set_qgemm_mode(mode);
             const double us = time_us(be, 10, [&](int) { be.matmul(x, wq, y); });
             std::snprintf(buf, sizeof buf, ", %s %.1f (%.0f)", names[mode], us, tf(us));

@@ -279,7 +279,7 @@ GroupRun run_group(Backend& b, const std::vector<Weight>& ws, const std::vector<
 // CTA for N ≤ 8: another fp32 summation order), so there only fixed warp counts must agree.
 // The prompt GEMM that decodes codes in its load path (quant_gemm.cu) against the dequantize +
 // cuBLAS path (the same bf16 weights: f32 outputs differ only in the order of the fp32 sums) and
-// the CPU: the kernel's three variants (staged, overlapped, skewed decode), token counts around
+// the CPU: the kernel's four variants (staged, overlapped, skewed, pipelined), token counts around
 // its 256-token tile, row counts around its 128-row tile, per-row and grouped formats.
 void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
   if (!cuda::qgemm_available()) {
@@ -306,11 +306,12 @@ void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
       cuda::set_qgemm_mode(0);  // dequantize + cuBLAS
       const auto deq = run_matmul(gpu, wg, x, n, DType::BF16, DType::F32);
       const auto deq16 = run_matmul(gpu, wg, x, n, DType::BF16, DType::BF16);
-      for (int mode : {1, 2, 3, 4}) {  // 1: the automatic choice (the kernel at ≤ 256 rows of 16384+)
+      for (int mode : {1, 2, 3, 4, 5}) {  // 1: the automatic choice (the kernel at ≤ 256 rows of 16384+)
         cuda::set_qgemm_mode(mode);
         const auto y = run_matmul(gpu, wg, x, n, DType::BF16, DType::F32);
         const auto y16 = run_matmul(gpu, wg, x, n, DType::BF16, DType::BF16);
-        const char* v = mode == 1 ? "automatic" : mode == 2 ? "staged" : mode == 3 ? "overlapped" : "skewed";
+        const char* names[] = {"", "automatic", "staged", "overlapped", "skewed", "pipelined"};
+        const char* v = names[mode];
         double e = rel_err(y, deq);
         check(e < 2e-5, strf("qgemm %s N=%lld %s == dequant+cuBLAS (f32)", shape.c_str(), (long long)n, v),
               strf("rel %.2e", e));

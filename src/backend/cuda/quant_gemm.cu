@@ -21,8 +21,9 @@
 // wgmma.m64n256k16 through a matrix descriptor. The codes of stage s+1 are in flight while stage s
 // is decoded; how a decode overlaps the wgmmas is the Variant below. Grid: the token tiles of a
 // row tile adjacent (blockIdx.x), so a weight comes from DRAM once and from L2 for the others.
-// Measured at 390–450 TFLOP/s (~55% of cuBLAS bf16): the warps wait at the per-stage CTA barrier
-// (Nsight Compute); qgemm_preferred says where that still beats dequantize + cuBLAS.
+// Measured at 390–470 TFLOP/s (~55–60% of cuBLAS bf16) whichever the variant — without the CTA
+// barrier (kPipelined) too, where Nsight Compute had the warps of the others waiting;
+// qgemm_preferred says where that still beats dequantize + cuBLAS.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -48,10 +49,10 @@ constexpr int kBK = 64;                          // k per stage: one 128-byte sw
 constexpr int kStages = 4;                       // x stages in shared memory (2 loads in flight)
 constexpr int kThreads = 256;                    // two warpgroups
 constexpr int kStageBytes = kBN * kBK * 2;       // 32 KiB
-constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment of the swizzle atoms
+constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 64;  // + alignment, 8 mbarriers (kPipelined)
 
-// 0: off (the dequantize + cuBLAS path), 1: automatic, 2 / 3 / 4: the kernel's kStaged / kOverlapped /
-// kSkewed variant wherever a shape fits.
+// 0: off (the dequantize + cuBLAS path), 1: automatic, 2 / 3 / 4 / 5: the kernel's kStaged /
+// kOverlapped / kSkewed / kPipelined variant wherever a shape fits.
 int g_qgemm_mode = -1;  // -1: not read yet (SALA_CUDA_QGEMM)
 int qgemm_mode() {
   if (g_qgemm_mode < 0) {
@@ -100,6 +101,28 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
+// mbarriers (kPipelined): a stage's "full" barrier completes when every thread's cp.async copies of
+// it have landed, its "empty" barrier when every warp's wgmmas on it are done.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Arrives once this thread's earlier cp.async copies have completed (counted in the init count).
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits for the completion of the barrier's phase of this parity.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred P1;\nLAB_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@P1 bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
 // Keeps the compiler from moving accumulator accesses across the asynchronous wgmmas.
 __device__ __forceinline__ void keep(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
@@ -167,7 +190,9 @@ __device__ __forceinline__ void decode_step(const uint4 (&c)[CT], const float4& 
 //   kSkewed: as kStaged, but warpgroup 1 decodes before the barrier (its A registers are free once
 //     it waited for its wgmmas), so at the barrier its wgmmas start while warpgroup 0 decodes, and
 //     warpgroup 1 decodes the next stage while warpgroup 0's wgmmas run.
-enum Variant : int { kStaged = 0, kOverlapped = 1, kSkewed = 2 };
+//   kPipelined: no CTA barrier in the loop: per-stage "full" and "empty" mbarriers, so a warpgroup
+//     may run up to two stages ahead of the other (decode before waiting for the stage's x).
+enum Variant : int { kStaged = 0, kOverlapped = 1, kSkewed = 2, kPipelined = 3 };
 
 template <int FMT, int VARIANT>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -224,9 +249,29 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // x stages in flight ahead of the one consumed: with OVERLAP, stage s − 1's wgmmas may still
   // read their buffer while stage s + ahead is loaded, so one fewer.
-  constexpr int ahead = OVERLAP ? kStages - 2 : kStages - 1;
+  constexpr int ahead = OVERLAP || VARIANT == kPipelined ? kStages - 2 : kStages - 1;
+  const uint32_t bars = sbase + uint32_t(kStages * kStageBytes);  // full[4], then empty[4]
+  if constexpr (VARIANT == kPipelined) {
+    if (tid == 0)
+      for (int i = 0; i < kStages; ++i) mbar_init(bars + 8 * i, kThreads), mbar_init(bars + 32 + 8 * i, kThreads / 32);
+    __syncthreads();
+  }
+  // kPipelined: stage s's copies into its buffer once the stage that used it last is consumed.
+  auto produce = [&](int s) {
+    if (s >= stages) return;
+    const uint32_t b = uint32_t(s % kStages);
+    if (s >= kStages) mbar_wait(bars + 32 + 8 * b, uint32_t(s / kStages - 1) & 1u);
+    const uint32_t dst = sbase + b * kStageBytes;
 #pragma unroll
-  for (int s = 0; s < ahead; ++s) load_x(s);
+    for (int r = 0; r < kBN * 8 / kThreads; ++r) {
+      const int q = tid + r * kThreads, row = q >> 3, c = q & 7, n = n0 + row;
+      const bf16* src = x + int64_t(n < N ? n : N - 1) * ldx + int64_t(s) * kBK + c * 8;
+      cp_async16(dst + uint32_t(row * 128 + ((c ^ (row & 7)) << 4)), src, n < N ? 16 : 0);
+    }
+    mbar_arrive_cp_async(bars + 8 * b);
+  };
+#pragma unroll
+  for (int s = 0; s < ahead; ++s) VARIANT == kPipelined ? produce(s) : load_x(s);
   load_codes(0, cbuf[0], pbuf[0]);
 
   // One stage: P is its buffer parity (compile time, so the register arrays stay registers).
@@ -252,9 +297,34 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
     wgmma_wait<OVERLAP ? 1 : 0>();
   };
+  auto step_pipelined = [&](auto P, int s) {
+    constexpr int p = decltype(P)::value;
+    produce(s + ahead);
+    decode_step<FMT, 0>(cbuf[p], pbuf[p], src1, src2, t, a[0][0]);
+    decode_step<FMT, 1>(cbuf[p], pbuf[p], src1, src2, t, a[0][1]);
+    decode_step<FMT, 2>(cbuf[p], pbuf[p], src1, src2, t, a[0][2]);
+    decode_step<FMT, 3>(cbuf[p], pbuf[p], src1, src2, t, a[0][3]);
+    load_codes(s + 1, cbuf[p ^ 1], pbuf[p ^ 1]);
+    const uint32_t b = uint32_t(s % kStages);
+    mbar_wait(bars + 8 * b, uint32_t(s / kStages) & 1u);  // every thread's copies of stage s landed
+    fence_proxy_async();
+    const uint64_t desc = b_desc(sbase + b * kStageBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs(acc, a[0][kk], desc + uint64_t(2 * kk));
+    wgmma_commit();
+    wgmma_wait<0>();
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bars + 32 + 8 * b);  // this warp is done with the buffer
+  };
   for (int s = 0; s < stages; s += 2) {
-    step(std::integral_constant<int, 0>{}, s);
-    if (s + 1 < stages) step(std::integral_constant<int, 1>{}, s + 1);
+    if constexpr (VARIANT == kPipelined) {
+      step_pipelined(std::integral_constant<int, 0>{}, s);
+      if (s + 1 < stages) step_pipelined(std::integral_constant<int, 1>{}, s + 1);
+    } else {
+      step(std::integral_constant<int, 0>{}, s);
+      if (s + 1 < stages) step(std::integral_constant<int, 1>{}, s + 1);
+    }
   }
   wgmma_wait<0>();
 #pragma unroll
@@ -308,8 +378,9 @@ bool qgemm_available() {
     cudaGetLastError();  // a device this build has no code for: the probe fails, the path stays off
     if (!ok || h != 1) return false;
     for (auto kernel : {qgemm_kernel<kFP8, kStaged>, qgemm_kernel<kFP8, kOverlapped>, qgemm_kernel<kFP8, kSkewed>,
-                        qgemm_kernel<kQ8, kStaged>, qgemm_kernel<kQ8, kOverlapped>, qgemm_kernel<kQ8, kSkewed>,
-                        qgemm_kernel<kQ4, kStaged>, qgemm_kernel<kQ4, kOverlapped>, qgemm_kernel<kQ4, kSkewed>})
+                        qgemm_kernel<kFP8, kPipelined>, qgemm_kernel<kQ8, kStaged>, qgemm_kernel<kQ8, kOverlapped>,
+                        qgemm_kernel<kQ8, kSkewed>, qgemm_kernel<kQ8, kPipelined>, qgemm_kernel<kQ4, kStaged>,
+                        qgemm_kernel<kQ4, kOverlapped>, qgemm_kernel<kQ4, kSkewed>, qgemm_kernel<kQ4, kPipelined>})
       SALA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     return true;
   }();
@@ -327,7 +398,7 @@ std::string qgemm_unfit(const QWeight& w, const void* x, int64_t ldx) {
   return {};
 }
 
-// Measured (H100, bench/results/2026-11-25-h100-qgemm.md): the kernel runs at 390–450 TFLOP/s;
+// Measured (H100, bench/results/2026-11-25-h100-qgemm.md): the kernel runs at 390–470 TFLOP/s;
 // dequantize + cuBLAS pays a fixed ~3 bytes per weight and then runs at cuBLAS's ~750–800. The
 // fused kernel wins where that pass dominates and its own grid fills the GPU: one token tile
 // (N ≤ 256) of a matrix of 16384+ rows (≥ 128 CTAs; fp8 16384×4096 at 128–256 rows: 80 µs against
@@ -349,17 +420,19 @@ void launch_qgemm(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty,
   auto run = [&](auto kernel) {
     kernel<<<grid, kThreads, kSmemBytes, st>>>(w, static_cast<const bf16*>(x), ldx, y, int(dty), ldy, N);
   };
-  // Automatic: the variant measured fastest where the kernel is chosen (≤ 256 rows of 16384-row
-  // matrices, H100): overlapped for 8-bit codes (1–2% ahead), skewed for q4 (87 against 91 µs).
+  // Automatic: kPipelined, the fastest in sum where the kernel is chosen (fp8/int8/int4 16384×4096
+  // at 128 and 256 rows, H100: 491 µs against 502–504 for skewed and overlapped; per case the
+  // three are within 2–10% of each other) and at 2048 rows (448–469 TFLOP/s).
   const int mode = qgemm_mode();
-  const int v = mode == 2 ? kStaged : mode == 3 ? kOverlapped : mode == 4 ? kSkewed : w.fmt == kQ4 ? kSkewed : kOverlapped;
-  auto pick = [&](auto staged, auto overlapped, auto skewed) {
-    v == kStaged ? run(staged) : v == kSkewed ? run(skewed) : run(overlapped);
+  const int v = mode >= 2 && mode <= 5 ? mode - 2 : kPipelined;
+  auto pick = [&](auto... kernels) {  // in Variant order
+    int i = 0;
+    ((i++ == v ? run(kernels) : void()), ...);
   };
   switch (w.fmt) {
-    case kFP8: pick(qgemm_kernel<kFP8, kStaged>, qgemm_kernel<kFP8, kOverlapped>, qgemm_kernel<kFP8, kSkewed>); break;
-    case kQ8: pick(qgemm_kernel<kQ8, kStaged>, qgemm_kernel<kQ8, kOverlapped>, qgemm_kernel<kQ8, kSkewed>); break;
-    case kQ4: pick(qgemm_kernel<kQ4, kStaged>, qgemm_kernel<kQ4, kOverlapped>, qgemm_kernel<kQ4, kSkewed>); break;
+    case kFP8: pick(qgemm_kernel<kFP8, 0>, qgemm_kernel<kFP8, 1>, qgemm_kernel<kFP8, 2>, qgemm_kernel<kFP8, 3>); break;
+    case kQ8: pick(qgemm_kernel<kQ8, 0>, qgemm_kernel<kQ8, 1>, qgemm_kernel<kQ8, 2>, qgemm_kernel<kQ8, 3>); break;
+    case kQ4: pick(qgemm_kernel<kQ4, 0>, qgemm_kernel<kQ4, 1>, qgemm_kernel<kQ4, 2>, qgemm_kernel<kQ4, 3>); break;
     default: SALA_CUDA_REQUIRE(false, "qgemm: unknown packed format");
   }
   SALA_CUDA_LAUNCH("qgemm kernel");
