@@ -21,7 +21,7 @@
 // wgmma.m64n256k16 through a matrix descriptor. The codes of stage s+1 are in flight while stage s
 // is decoded; how a decode overlaps the wgmmas is the Variant below. Grid: the token tiles of a
 // row tile adjacent (blockIdx.x), so a weight comes from DRAM once and from L2 for the others.
-// Measured at 390–470 TFLOP/s (~55–60% of cuBLAS bf16) whichever the variant — without the CTA
+// Measured at 390–475 TFLOP/s (~55–60% of cuBLAS bf16) whichever the variant — without the CTA
 // barrier (kPipelined) too, where Nsight Compute had the warps of the others waiting;
 // qgemm_preferred says where that still beats dequantize + cuBLAS.
 #include <cuda_runtime.h>
@@ -398,11 +398,11 @@ std::string qgemm_unfit(const QWeight& w, const void* x, int64_t ldx) {
   return {};
 }
 
-// Measured (H100, bench/results/2026-11-25-h100-qgemm.md): the kernel runs at 390–470 TFLOP/s;
+// Measured (H100, bench/results/2026-11-25-h100-qgemm.md): the kernel runs at 390–475 TFLOP/s;
 // dequantize + cuBLAS pays a fixed ~3 bytes per weight and then runs at cuBLAS's ~750–800. The
 // fused kernel wins where that pass dominates and its own grid fills the GPU: one token tile
 // (N ≤ 256) of a matrix of 16384+ rows (≥ 128 CTAs; fp8 16384×4096 at 128–256 rows: 80 µs against
-// 134–139). At 2048 prompt rows it is 0.6–0.7× the dequantize path, and on 4096-row matrices its
+// 134–139). At 2048 prompt rows it is 0.6–0.75× the dequantize path, and on 4096-row matrices its
 // 32 CTAs per token tile leave most SMs idle. (The packed GEMV keeps N ≤ 64: cuda_quant.cpp.)
 bool qgemm_preferred(const QWeight& w, int N) {
   const int mode = qgemm_mode();
