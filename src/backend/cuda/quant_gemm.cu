@@ -46,7 +46,7 @@ using namespace qlayout;
 constexpr int kBM = 128;                         // weight rows per CTA (8 warps × 16)
 constexpr int kBN = 256;                         // tokens per CTA (wgmma n)
 constexpr int kBK = 64;                          // k per stage: one 128-byte swizzle row of x
-constexpr int kStages = 4;                       // x stages in shared memory (2 loads in flight)
+constexpr int kStages = 4;                       // x stages in shared memory (2–3 loads in flight)
 constexpr int kThreads = 256;                    // two warpgroups
 constexpr int kStageBytes = kBN * kBK * 2;       // 32 KiB
 constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 64;  // + alignment, 8 mbarriers (kPipelined)
@@ -62,10 +62,11 @@ int qgemm_mode() {
   return g_qgemm_mode;
 }
 
+#ifdef SALA_QGEMM_WGMMA  // the device code of an sm_90a pass (the kernel's body is empty elsewhere)
+
 // wgmma.mma_async m64n256k16, bf16 × bf16 → f32: A (64×16) from registers, B (16×256, K-major,
 // 128-byte swizzle) from shared memory through its descriptor; d += A·B (operand list generated).
 __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t desc) {
-#ifdef SALA_QGEMM_WGMMA
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -76,30 +77,21 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint3
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-#endif
 }
 
 __device__ __forceinline__ void wgmma_fence() {
-#ifdef SALA_QGEMM_WGMMA
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
 }
 __device__ __forceinline__ void wgmma_commit() {
-#ifdef SALA_QGEMM_WGMMA
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
 }
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
-#ifdef SALA_QGEMM_WGMMA
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
 }
 // cp.async writes through the generic proxy; wgmma reads shared memory through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() {
-#ifdef SALA_QGEMM_WGMMA
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
 }
 // mbarriers (kPipelined): a stage's "full" barrier completes when every thread's cp.async copies of
 // it have landed, its "empty" barrier when every warp's wgmmas on it are done.
@@ -180,6 +172,8 @@ __device__ __forceinline__ void decode_step(const uint4 (&c)[CT], const float4& 
     }
   }
 }
+
+#endif  // SALA_QGEMM_WGMMA
 
 // How a warpgroup's decode meets the tensor cores (kernel comment at the top; measured in
 // bench/results/2026-11-25-h100-qgemm.md):
