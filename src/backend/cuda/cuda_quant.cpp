@@ -1,10 +1,11 @@
 // CUDA backend: packed weights (docs/quantization.md). Loading uploads the canonical codes and
 // tiles them on the device (quant_layout.h), random packed weights are generated on the device,
-// and matmul runs the packed decode GEMV for N ≤ 64 (quant_gemv.cu; matmul_group:
-// one grouped launch for N ≤ 32) and, above, dequantizes row blocks into a fixed bf16 scratch that
-// cuBLAS multiplies — or, for up to 256 rows of a tall matrix on Hopper, where that pass would
-// dominate, runs the GEMM that decodes the codes in its load path (quant_gemm.cu). With --fp8-prefill, per-row FP8 weights multiply
-// prefill rows in fp8 instead (cuBLASLt, activations quantized per row: W8A8).
+// and matmul runs the packed decode GEMV for N ≤ 64 (quant_gemv.cu; matmul_group: one grouped
+// launch for N ≤ 32) and, above, dequantizes row blocks into a fixed bf16 scratch that cuBLAS
+// multiplies — or, for up to 256 rows of a tall matrix on Hopper, where that pass would dominate,
+// runs the GEMM that decodes the codes in its load path (quant_gemm.cu). With --fp8-prefill,
+// per-row FP8 weights multiply prefill rows in fp8 instead (cuBLASLt, activations quantized per
+// row: W8A8).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
@@ -149,7 +150,7 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   // Decode GEMV, up to 32 rows per launch (each decoded weight feeds 4 n-tiles of 8), at most two
   // launches (64 rows): each re-reads the packed bytes and is bound by its instructions, so beyond
   // that the other paths are faster, for q4 as well (H100, 128 rows: q4 16384×4096 on four GEMV
-  // launches 231 µs, the fused GEMM 87–91 at 256 rows, the same tile; 4096×4096 63 µs against 35
+  // launches 231 µs, the fused GEMM 84–93, its 256-row tile; 4096×4096 63 µs against 34–35
   // for fp8's dequantize + cuBLAS — bench/results/2026-11-25-h100-qgemm.md).
   // Batch-invariant backends: one fixed launch shape (8 warps) in launches of ≤ 8 rows, up to 64 rows.
   const int64_t rows_per_launch = batch_invariant_ ? 8 : 32;
