@@ -227,16 +227,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint4* codes = static_cast<const uint4*>(w.codes) + (live ? rb : 0) * (w.in / KT) * 32 + lane;
   const float4* params = reinterpret_cast<const float4*>(w.params) + (live ? rb : 0) * (w.in / w.group) * 8 + g;
 
-  auto load_x = [&](int s) {
-    if (s < stages) {
-      const uint32_t dst = sbase + uint32_t(s % kStages) * kStageBytes;
+  // This thread's share of stage s's x tile into its buffer (rows past N zero-filled).
+  auto copy_x = [&](int s) {
+    const uint32_t dst = sbase + uint32_t(s % kStages) * kStageBytes;
 #pragma unroll
-      for (int r = 0; r < kBN * 8 / kThreads; ++r) {
-        const int q = tid + r * kThreads, row = q >> 3, c = q & 7, n = n0 + row;
-        const bf16* src = x + int64_t(n < N ? n : N - 1) * ldx + int64_t(s) * kBK + c * 8;
-        cp_async16(dst + uint32_t(row * 128 + ((c ^ (row & 7)) << 4)), src, n < N ? 16 : 0);
-      }
+    for (int r = 0; r < kBN * 8 / kThreads; ++r) {
+      const int q = tid + r * kThreads, row = q >> 3, c = q & 7, n = n0 + row;
+      const bf16* src = x + int64_t(n < N ? n : N - 1) * ldx + int64_t(s) * kBK + c * 8;
+      cp_async16(dst + uint32_t(row * 128 + ((c ^ (row & 7)) << 4)), src, n < N ? 16 : 0);
     }
+  };
+  auto load_x = [&](int s) {
+    if (s < stages) copy_x(s);
     cp_async_commit();  // (empty past the last stage: the group count stays regular)
   };
   auto load_codes = [&](int s, uint4 (&c)[CT], float4& p) {
@@ -277,28 +279,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (s >= stages) return;
     const uint32_t b = uint32_t(s % kStages);
     if (s >= kStages) mbar_wait(bars + 32 + 8 * b, uint32_t(s / kStages - 1) & 1u);
-    const uint32_t dst = sbase + b * kStageBytes;
-#pragma unroll
-    for (int r = 0; r < kBN * 8 / kThreads; ++r) {
-      const int q = tid + r * kThreads, row = q >> 3, c = q & 7, n = n0 + row;
-      const bf16* src = x + int64_t(n < N ? n : N - 1) * ldx + int64_t(s) * kBK + c * 8;
-      cp_async16(dst + uint32_t(row * 128 + ((c ^ (row & 7)) << 4)), src, n < N ? 16 : 0);
-    }
+    copy_x(s);
     mbar_arrive_cp_async(bars + 8 * b);
   };
 #pragma unroll
   for (int s = 0; s < ahead; ++s) VARIANT == kPipelined ? produce(s) : load_x(s);
   load_codes(0, cbuf[0], pbuf[0]);
 
+  // A stage's four A fragments from its codes, and its four wgmmas on x buffer b (one group).
+  auto decode_stage = [&](const uint4 (&c)[CT], const float4& pp, uint32_t (&frag)[4][4]) {
+    decode_step<FMT, 0>(c, pp, src1, src2, t, frag[0]);
+    decode_step<FMT, 1>(c, pp, src1, src2, t, frag[1]);
+    decode_step<FMT, 2>(c, pp, src1, src2, t, frag[2]);
+    decode_step<FMT, 3>(c, pp, src1, src2, t, frag[3]);
+  };
+  auto issue_mma = [&](uint32_t b, const uint32_t (&frag)[4][4]) {
+    const uint64_t desc = b_desc(sbase + b * kStageBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs(acc, frag[kk], desc + uint64_t(2 * kk));  // +32 B per k16
+    wgmma_commit();
+  };
+
   // One stage: P is its buffer parity (compile time, so the register arrays stay registers).
   auto step = [&](auto P, int s) {
     constexpr int p = decltype(P)::value, pa = OVERLAP ? p : 0;
-    auto decode = [&] {
-      decode_step<FMT, 0>(cbuf[p], pbuf[p], src1, src2, t, a[pa][0]);
-      decode_step<FMT, 1>(cbuf[p], pbuf[p], src1, src2, t, a[pa][1]);
-      decode_step<FMT, 2>(cbuf[p], pbuf[p], src1, src2, t, a[pa][2]);
-      decode_step<FMT, 3>(cbuf[p], pbuf[p], src1, src2, t, a[pa][3]);
-    };
+    auto decode = [&] { decode_stage(cbuf[p], pbuf[p], a[pa]); };
     if (early) decode();  // codes only: no shared memory needed yet
     load_codes(s + 1, cbuf[p ^ 1], pbuf[p ^ 1]);
     cp_async_wait<ahead - 1>();  // this thread's copies of stage s have landed
@@ -306,29 +312,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // everyone's; and the wgmmas that read the buffer loaded next are done
     load_x(s + ahead);
     if (!early) decode();
-    const uint64_t desc = b_desc(sbase + uint32_t(s % kStages) * kStageBytes);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs(acc, a[pa][kk], desc + uint64_t(2 * kk));  // +32 B per k16
-    wgmma_commit();
+    issue_mma(uint32_t(s % kStages), a[pa]);
     wgmma_wait<OVERLAP ? 1 : 0>();
   };
   auto step_pipelined = [&](auto P, int s) {
     constexpr int p = decltype(P)::value;
     produce(s + ahead);
-    decode_step<FMT, 0>(cbuf[p], pbuf[p], src1, src2, t, a[0][0]);
-    decode_step<FMT, 1>(cbuf[p], pbuf[p], src1, src2, t, a[0][1]);
-    decode_step<FMT, 2>(cbuf[p], pbuf[p], src1, src2, t, a[0][2]);
-    decode_step<FMT, 3>(cbuf[p], pbuf[p], src1, src2, t, a[0][3]);
+    decode_stage(cbuf[p], pbuf[p], a[0]);
     load_codes(s + 1, cbuf[p ^ 1], pbuf[p ^ 1]);
     const uint32_t b = uint32_t(s % kStages);
     mbar_wait(bars + 8 * b, uint32_t(s / kStages) & 1u);  // every thread's copies of stage s landed
     fence_proxy_async();
-    const uint64_t desc = b_desc(sbase + b * kStageBytes);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs(acc, a[0][kk], desc + uint64_t(2 * kk));
-    wgmma_commit();
+    issue_mma(b, a[0]);
     wgmma_wait<0>();
     __syncwarp();
     if (lane == 0) mbar_arrive(bars + 32 + 8 * b);  // this warp is done with the buffer
