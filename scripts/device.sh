@@ -8,10 +8,11 @@
 # weights, contexts 1k-32k), the quantized rows (quant-bench: fp8, int8, int4 at 4K/32K, batches 1/8/32),
 # the quality of the packed formats on the 9B shape (quant-quality: `sala quant-quality`, random
 # weights, lm_head kept / quantized), the packed prompt GEMM (qgemm: its kernel table, and decode batches of 128 and
-# 256 sequences with it off / on), the speculative verify/draft costs (spec-costs) and the serving benchmark (serve-bench:
+# 256 sequences with it off / on), prefill of bf16 against the packed formats (quant-prefill: warm medians of 5 per
+# context), the speculative verify/draft costs (spec-costs) and the serving benchmark (serve-bench:
 # scripts/serve_bench.sh, 9B random, concurrency 1/8/32). Missing optional steps are skipped with a message.
 # A short summary table is printed last. Steps can be chosen with
-#   SALA_DEVICE_STEPS="build test bench e2e sala-bench quant-bench quant-quality qgemm spec-costs serve-bench"   (default: all but quant-quality, qgemm)
+#   SALA_DEVICE_STEPS="build test bench e2e sala-bench quant-bench quant-quality qgemm quant-prefill spec-costs serve-bench"   (default: all but quant-quality, qgemm, quant-prefill)
 # Exit status: non-zero if the build or any run step failed.
 set -uo pipefail
 ROOT=$(pwd)
@@ -197,6 +198,18 @@ if want qgemm; then
         --backend cuda --quant "$fmt" --contexts 1k --batches 128,256 --batch-context 512 --decode-steps 8 \
         --json "$OUT/qgemm-$fmt-$mode.json"
       if [ "$LAST_RC" -eq 0 ]; then note "qgemm-$fmt-$mode" ok "$LAST_DT" "SALA_CUDA_QGEMM=$mode"; else note "qgemm-$fmt-$mode" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
+    done
+  fi
+fi
+
+# ---- prefill A/B, bf16 against packed weights: warm, median of 5 prefills per context ----
+if want quant-prefill; then
+  if have_bench; then
+    for q in ${SALA_QPREFILL_RUNS:-none fp8 int8 int4 none}; do
+      run "qprefill-$q" "$OUT/quant_prefill.log" timeout 200 "$SALA" bench --random 9b --backend cuda --quant "$q" \
+        ${SALA_QPREFILL_ARGS:---contexts 4k,16k --batches 1 --decode-steps 4 --prefill-reps 5} \
+        --json "$OUT/qprefill-$q-$SECONDS.json"
+      if [ "$LAST_RC" -eq 0 ]; then note "qprefill-$q" ok "$LAST_DT" ""; else note "qprefill-$q" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
     done
   fi
 fi

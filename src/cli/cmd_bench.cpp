@@ -90,6 +90,7 @@ Runner setup(CLI::App& app) {
     int64_t chunk = 4096;
     std::string batch_context = "4k";
     int decode_steps = 32;
+    int prefill_reps = 1;
     uint64_t seed = 0;
     bool quant_lm_head = false;
     BackendOptions backend;
@@ -111,6 +112,11 @@ Runner setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--chunk", o->chunk, "prefill chunk (tokens per forward)");
   app.add_option("--decode-steps", o->decode_steps, "timed decode steps per row (after 2 warm-up steps)");
+  app.add_option("--prefill-reps", o->prefill_reps,
+                 "batch-1 prefill timings per context; above 1, each prefills the context from empty on a fresh "
+                 "sequence and the row reports the median (prefill t/s = context / median)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   app.add_option("--seed", o->seed, "seed of random weights and tokens");
   app.add_option("--json", o->json, "write the rows as JSON here");
   app.add_option("--plot", o->plot, "write PNG charts here (decode and TTFT vs context with the roofline and the "
@@ -273,26 +279,46 @@ Runner setup(CLI::App& app) {
       const int64_t max_ctx = contexts.back() + int64_t(contexts.size()) * (o->decode_steps + 2) + 1;
       const EngineOptions eo{.max_sequences = 1, .max_context = max_ctx};
       Engine e(*m.model, eo);
-      int s = e.open();
-      double prefill_time = 0;
-      int64_t prefilled = 0;
-      for (int64_t ctx : contexts) {
-        const int64_t start = e.length(s);
-        double seg = 0;
+      // Prefills s up to ctx tokens in chunks; the seconds it took.
+      auto prefill = [&](int s, int64_t ctx) {
+        double t = 0;
         while (e.length(s) < ctx) {
           auto chunk = random_tokens(std::min(o->chunk, ctx - e.length(s)));
           Engine::Request r{s, chunk, -1, false, e.length(s) + int64_t(chunk.size()) == ctx};
           auto t0 = Clock::now();
           e.step(std::span(&r, 1));
           backend->synchronize();
-          seg += seconds_since(t0);
+          t += seconds_since(t0);
         }
+        return t;
+      };
+      // Warm-up: one chunk on a throwaway sequence (library handles, heuristics, lazy scratch), so
+      // the first row's prefill is not the process's first forward.
+      {
+        const int w = e.open();
+        prefill(w, std::min(o->chunk, contexts.front()));
+        e.close(w);
+      }
+      int s = e.open();
+      double prefill_time = 0;
+      for (int64_t ctx : contexts) {
+        if (o->prefill_reps > 1) {  // each timing from empty; the last sequence goes on to decode
+          std::vector<double> t;
+          for (int rep = 0; rep < o->prefill_reps; ++rep) {
+            e.close(s);
+            s = e.open();
+            t.push_back(prefill(s, ctx));
+          }
+          prefill_time = median(t);
+          report(ctx, 1, double(ctx) / prefill_time, prefill_time, decode_steps(e, {s}), eo);
+          continue;
+        }
+        const int64_t start = e.length(s);
+        const double seg = prefill(s, ctx);
         prefill_time += seg;
-        prefilled += e.length(s) - start;
         const double step = decode_steps(e, {s});
         report(ctx, 1, seg > 0 ? double(e.length(s) - start) / seg : 0, prefill_time, step, eo);
       }
-      (void)prefilled;
     }
     // Batched decode at batch_context.
     for (int64_t b : batches) {
@@ -317,7 +343,7 @@ Runner setup(CLI::App& app) {
       nlohmann::json doc = {
           {"model", model_name}, {"backend", backend->name()}, {"device", backend->device_name()},
           {"ceilings", {{"bandwidth_bytes_s", ceil.bandwidth}, {"matmul_flop_s", ceil.matmul}}},
-          {"decode_steps", o->decode_steps}, {"chunk", o->chunk},
+          {"decode_steps", o->decode_steps}, {"chunk", o->chunk}, {"prefill_reps", o->prefill_reps},
           {"memory", {{"workspace_from", counted ? "backend allocation count" : "device use minus use before the model"},
                       {"before_model_used_bytes", mem(mem0.used)}, {"device_total_bytes", mem(mem0.total)},
                       {"cache_bytes_per_value", bpp}}},

@@ -33,6 +33,23 @@ $SALA bench --random tiny --backend cpu -t 2 --contexts 64 --batches 2 --batch-c
   >"$tmp/bc.out" 2>/dev/null || fail "--batch-context 1k refused"
 grep -Eq "^1024 +2 " "$tmp/bc.out" || fail "--batch-context 1k: no 1024-token batch row: $(cat "$tmp/bc.out")"
 
+# --prefill-reps: every timing prefills the context from empty, so TTFT = context / prefill rate
+# per row (not cumulative over the rows), and the JSON says how many reps; out of range is an error.
+$SALA bench --random tiny --backend cpu -t 2 --contexts 64,128 --batches 1 --decode-steps 1 --chunk 32 \
+  --prefill-reps 2 --json "$tmp/reps.json" >/dev/null 2>"$tmp/reps.err" || fail "--prefill-reps 2: $(cat "$tmp/reps.err")"
+/usr/bin/python3 - "$tmp/reps.json" <<'PY' || fail "--prefill-reps JSON"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["prefill_reps"] == 2, d.get("prefill_reps")
+rows = d["rows"]
+assert [r["context"] for r in rows] == [64, 128], rows
+for r in rows:
+    assert r["prefill_tok_s"] > 0 and abs(r["context"] / r["prefill_tok_s"] - r["ttft_s"]) < 1e-6 * r["ttft_s"] + 1e-9, r
+PY
+$SALA bench --random tiny --backend cpu --contexts 64 --batches 1 --prefill-reps 0 >/dev/null 2>"$tmp/reps0.err" &&
+  fail "--prefill-reps 0 accepted"
+grep -q "prefill-reps" "$tmp/reps0.err" || fail "--prefill-reps 0 message: $(cat "$tmp/reps0.err")"
+
 # info --context uses the same accounting: the 512-token batch-1 row's caches in f32 (CPU).
 $SALA info --preset tiny --context 512 --cache-dtype f32 >"$tmp/info"
 /usr/bin/python3 - "$tmp/b.json" "$tmp/info" <<'PY' || fail "JSON schema or memory accounting"

@@ -552,10 +552,11 @@ void write_dequantized(const fs::path& src, const fs::path& dst) {
 }
 
 std::vector<float> model_logits(Backend& b, const fs::path& dir, const std::vector<int32_t>& seq) {
-  LoadedModel m = load_model(dir.string(), b, {.max_batch_tokens = 64, .max_logit_rows = 64});
+  LoadedModel m = load_model(dir.string(), b, {.max_batch_tokens = 128, .max_logit_rows = 128});
   Engine e(*m.model, {.max_sequences = 1, .max_context = int64_t(seq.size())});
-  // Prompt chunks of 64 (dequantization + cuBLAS), then 60 decode steps (GEMV, CUDA graphs).
-  return replay(e, {seq}, {int64_t(seq.size()) - 60, 64, true})[0];
+  // Prompt chunks of 128 and 112 (above the GEMV's 64 rows: dequantization + cuBLAS), then 60
+  // decode steps (GEMV, CUDA graphs).
+  return replay(e, {seq}, {int64_t(seq.size()) - 60, 128, true})[0];
 }
 
 double top1(const std::vector<float>& a, const std::vector<float>& b, int V) {
