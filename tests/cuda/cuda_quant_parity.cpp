@@ -298,9 +298,13 @@ void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
   for (const C& c : cases) {
     const PackedMatrix pm = random_packed(c.f, c.out, c.in, c.group, 77 + uint64_t(c.out));
     const Weight wc = cpu.load_quantized_weight(pm.view(), c.name), wg = gpu.load_quantized_weight(pm.view(), c.name);
-    const std::string shape = strf("%s %lldx%lld", c.name, (long long)c.out, (long long)c.in);
+    const cuda::QWeight qw{int(wg.format), wg.w.data, static_cast<const float*>(wg.scales), c.out, c.in, c.group};
     for (int64_t n : {65, 256, 300, 1100}) {
-      if (c.in == 16384 && n != 300) continue;
+      if (c.in == 16384 && n != 256 && n != 300) continue;
+      // Where one token tile's row tiles would leave SMs idle, K is split over several CTAs.
+      const int splits = cuda::qgemm_splits(qw, int(n));
+      const std::string shape = strf("%s %lldx%lld%s", c.name, (long long)c.out, (long long)c.in,
+                                     splits > 1 ? strf(" (K split x%d)", splits).c_str() : "");
       const auto x = randn(size_t(n * c.in), 91 + uint64_t(n));
       const auto ref = run_matmul(cpu, wc, x, n, DType::F32, DType::F32);
       cuda::set_qgemm_mode(0);  // dequantize + cuBLAS
@@ -324,6 +328,14 @@ void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
       cuda::set_qgemm_mode(1);
     }
   }
+  // A 4096-row matrix at one token tile splits K (32 row tiles alone would idle most SMs) and, so
+  // filled, is the automatic choice; one of 16384 rows needs no split.
+  const cuda::QWeight q4k{int(WeightFormat::FP8), nullptr, nullptr, 4096, 4096, 4096};
+  const cuda::QWeight q16k{int(WeightFormat::FP8), nullptr, nullptr, 16384, 4096, 4096};
+  check(cuda::qgemm_splits(q4k, 256) >= 4 && cuda::qgemm_split_floats(q4k, 256) > 0 &&
+            cuda::qgemm_splits(q16k, 256) == 1 && cuda::qgemm_split_floats(q16k, 256) == 0 &&
+            cuda::qgemm_preferred(q4k, 128) && !cuda::qgemm_preferred(q4k, 1100),
+        "qgemm: K split where row tiles are few", strf("4096 rows: x%d", cuda::qgemm_splits(q4k, 256)));
   // Shapes it does not take say why (and matmul takes the dequantize path).
   const PackedMatrix odd = random_packed(WeightFormat::Q4, 64, 96, 32, 5);
   const Weight wo = gpu.load_quantized_weight(odd.view(), "int4 g32");

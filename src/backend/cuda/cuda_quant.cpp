@@ -177,7 +177,11 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   // the codes in its load path; a shape or build it cannot take says why, once.
   if (cuda::qgemm_preferred(q, int(N))) {
     const std::string unfit = cuda::qgemm_unfit(q, xb, in);
-    if (unfit.empty()) return cuda::launch_qgemm(q, xb, in, y.data, ydt, y.cols, int(N), stream_);
+    if (unfit.empty()) {
+      const size_t split_floats = cuda::qgemm_split_floats(q, int(N));  // 4096-row matrices: K split
+      float* ws = split_floats ? static_cast<float*>(qgemm_split_.reserve(split_floats * 4)) : nullptr;
+      return cuda::launch_qgemm(q, xb, in, y.data, ydt, y.cols, int(N), stream_, ws);
+    }
     static std::once_flag qgemm_warned;
     std::call_once(qgemm_warned, [&] {
       std::fprintf(stderr, "note: packed products of %lld rows: %s; they dequantize to bf16 for cuBLAS instead\n",

@@ -149,7 +149,13 @@ void launch_qgemv(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty,
 bool qgemm_preferred(const QWeight& w, int N);
 bool qgemm_available();
 std::string qgemm_unfit(const QWeight& w, const void* x, int64_t ldx);
-void launch_qgemm(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, cudaStream_t st);
+// split_ws (f32, qgemm_split_floats(w, N) of them; null: no split): where one token tile's row tiles
+// would leave SMs idle (a 4096-row matrix has 32), qgemm_splits(w, N) CTAs share each tile's K
+// range and a second kernel adds their partial sums in order (deterministic).
+int qgemm_splits(const QWeight& w, int N);
+size_t qgemm_split_floats(const QWeight& w, int N);  // 0: no split for this product
+void launch_qgemm(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, cudaStream_t st,
+                  float* split_ws = nullptr);
 void set_qgemm_mode(int mode);
 // Grouped packed GEMV (as GemvSet): weights with the same format, in and group applied to the same
 // x in one launch (q/k/v/z, gate/up: ~11 µs per 4096×4096 fp8 launch alone, latency bound). Each

@@ -24,8 +24,14 @@
 // Measured at 390–475 TFLOP/s (~55–60% of cuBLAS bf16) whichever the variant — without the CTA
 // barrier (kPipelined) too, where Nsight Compute had the warps of the others waiting;
 // qgemm_preferred says where that still beats dequantize + cuBLAS.
+//
+// Split K: a 4096-row matrix has 32 row tiles, so at one token tile (N ≤ 256, batched decode) the
+// grid would leave ~3/4 of the SMs idle. There the K range is split over gridDim.z CTAs per tile
+// (qgemm_splits: up to 8, at least 8 stages each) that write fp32 partial sums [split][n][o]; a
+// second kernel adds them in split order (deterministic) into y.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <type_traits>
 
@@ -213,7 +219,7 @@ enum Variant : int { kStaged = 0, kOverlapped = 1, kSkewed = 2, kPipelined = 3 }
 template <int FMT, int VARIANT>
 __global__ void __launch_bounds__(kThreads, 1)
     qgemm_kernel(QWeight w, const bf16* __restrict__ x, int64_t ldx, void* __restrict__ y, int ydt, int64_t ldy,
-                 int N) {
+                 int N, float* __restrict__ split_ws) {
 #ifdef SALA_QGEMM_WGMMA
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sbase = (smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -222,7 +228,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t rb = int64_t(blockIdx.y) * (kBM / 16) + warp;
   const bool live = rb < (w.out + 15) / 16;  // padding rows of the last tile: zero codes, no stores
   constexpr int KT = tile_k(FMT), CT = kBK / KT;  // tiles per stage: 2 (8-bit) or 1 (Q4)
-  const int stages = int(w.in / kBK);
+  // This CTA's stages [sbeg, sbeg + stages) of K (all of them unless split); s below counts from
+  // sbeg (ring buffers and barrier phases), addresses use sbeg + s.
+  const int total = int(w.in / kBK), z = int(blockIdx.z), zs = int(gridDim.z);
+  const int sbeg = int(int64_t(total) * z / zs), stages = int(int64_t(total) * (z + 1) / zs) - sbeg;
   const bool per_row = w.group == w.in;
   const uint4* codes = static_cast<const uint4*>(w.codes) + (live ? rb : 0) * (w.in / KT) * 32 + lane;
   const float4* params = reinterpret_cast<const float4*>(w.params) + (live ? rb : 0) * (w.in / w.group) * 8 + g;
@@ -233,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int r = 0; r < kBN * 8 / kThreads; ++r) {
       const int q = tid + r * kThreads, row = q >> 3, c = q & 7, n = n0 + row;
-      const bf16* src = x + int64_t(n < N ? n : N - 1) * ldx + int64_t(s) * kBK + c * 8;
+      const bf16* src = x + int64_t(n < N ? n : N - 1) * ldx + int64_t(sbeg + s) * kBK + c * 8;
       cp_async16(dst + uint32_t(row * 128 + ((c ^ (row & 7)) << 4)), src, n < N ? 16 : 0);
     }
   };
@@ -244,8 +253,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto load_codes = [&](int s, uint4 (&c)[CT], float4& p) {
     if (live && s < stages) {
 #pragma unroll
-      for (int i = 0; i < CT; ++i) c[i] = ld_stream(codes + (int64_t(s) * CT + i) * 32);
-      if (!per_row) p = ld_param(params + int64_t(s) * kBK / w.group * 8);
+      for (int i = 0; i < CT; ++i) c[i] = ld_stream(codes + (int64_t(sbeg + s) * CT + i) * 32);
+      if (!per_row) p = ld_param(params + int64_t(sbeg + s) * kBK / w.group * 8);
     } else {
 #pragma unroll
       for (int i = 0; i < CT; ++i) c[i] = make_uint4(0, 0, 0, 0);
@@ -351,7 +360,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int n = n0 + 8 * j + 2 * t + (i & 1);
       const int64_t o = row0 + 8 * (i >> 1);
       if (n < N && o < w.out) {
-        if (ydt == kBF16)
+        if (split_ws)
+          split_ws[(int64_t(z) * N + n) * w.out + o] = acc[4 * j + i];
+        else if (ydt == kBF16)
           static_cast<bf16*>(y)[int64_t(n) * ldy + o] = __float2bfloat16_rn(acc[4 * j + i]);
         else
           static_cast<float*>(y)[int64_t(n) * ldy + o] = acc[4 * j + i];
@@ -372,7 +383,45 @@ __global__ void qgemm_probe_kernel(int* out) {
 #endif
 }
 
+// y[n, o] = Σ_z ws[z][n][o], in split order.
+__global__ void qgemm_split_reduce_kernel(const float* __restrict__ ws, int splits, int N, int64_t out, void* y,
+                                          int ydt, int64_t ldy) {
+  const int64_t total = int64_t(N) * out;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    float v = 0.f;
+    for (int z = 0; z < splits; ++z) v += ws[z * total + i];
+    const int64_t n = i / out, o = i % out;
+    if (ydt == kBF16)
+      static_cast<bf16*>(y)[n * ldy + o] = __float2bfloat16_rn(v);
+    else
+      static_cast<float*>(y)[n * ldy + o] = v;
+  }
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, count = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 132;
+    return count;
+  }();
+  return n;
+}
+
 }  // namespace
+
+// CTAs per (row tile, token tile): enough to fill the SMs once, each with at least 8 of the 64-k
+// stages (the ring's fill and the partial sums' traffic stay small next to the loop), at most 8.
+int qgemm_splits(const QWeight& w, int N) {
+  const int64_t ctas = (N + kBN - 1) / kBN * (((w.out + 15) / 16 + kBM / 16 - 1) / (kBM / 16));
+  const int64_t by_sms = sm_count() / std::max<int64_t>(ctas, 1), by_k = w.in / kBK / 8;
+  return int(std::max<int64_t>(1, std::min<int64_t>({8, by_sms, by_k})));
+}
+
+size_t qgemm_split_floats(const QWeight& w, int N) {
+  const int splits = qgemm_splits(w, N);
+  return splits > 1 ? size_t(splits) * size_t(N) * size_t(w.out) : 0;
+}
 
 void set_qgemm_mode(int mode) { g_qgemm_mode = mode; }
 
@@ -413,23 +462,30 @@ std::string qgemm_unfit(const QWeight& w, const void* x, int64_t ldx) {
 // dequantize + cuBLAS pays a fixed ~3 bytes per weight and then runs at cuBLAS's ~750–800. The
 // fused kernel wins where that pass dominates and its own grid fills the GPU: one token tile
 // (N ≤ 256) of a matrix of 16384+ rows (≥ 128 CTAs; fp8 16384×4096 at 128–256 rows: 80 µs against
-// 134–139). At 2048 prompt rows it is 0.6–0.75× the dequantize path, and on 4096-row matrices its
-// 32 CTAs per token tile leave most SMs idle. (The packed GEMV keeps N ≤ 64: cuda_quant.cpp.)
+// 134–139), or of a 4096-row matrix with K split 4 ways (fp8 4096×16384 at 128 / 256 rows: 86 / 84
+// µs against 140 / 145; 4096×4096: 30 / 32 against 36 / 39; int4 4096×4096 about even,
+// bench/results/2026-11-25-h100-qgemm-split.md). At 512 rows (split 2 ways) and at 2048 prompt
+// rows it is 0.6–0.85× the dequantize path. (The packed GEMV keeps N ≤ 64: cuda_quant.cpp.)
 bool qgemm_preferred(const QWeight& w, int N) {
   const int mode = qgemm_mode();
   if (mode == 0) return false;
   if (mode >= 2) return true;
-  return N <= kBN && w.out >= 16384;
+  const int64_t ctas = (N + kBN - 1) / kBN * (((w.out + 15) / 16 + kBM / 16 - 1) / (kBM / 16)) * qgemm_splits(w, N);
+  return N <= kBN && ctas * 4 >= sm_count() * 3;
 }
 
-void launch_qgemm(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, cudaStream_t st) {
+void launch_qgemm(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, cudaStream_t st,
+                  float* split_ws) {
   SALA_CUDA_REQUIRE(qgemm_unfit(w, x, ldx).empty(), "qgemm: shape not supported (check qgemm_unfit first)");
   SALA_CUDA_REQUIRE(dty == kBF16 || dty == kF32, "qgemm: output must be bf16 or f32");
   if (N <= 0) return;
-  const dim3 grid(unsigned((N + kBN - 1) / kBN), unsigned(((w.out + 15) / 16 + kBM / 16 - 1) / (kBM / 16)));
+  const int splits = split_ws ? qgemm_splits(w, N) : 1;
+  const dim3 grid(unsigned((N + kBN - 1) / kBN), unsigned(((w.out + 15) / 16 + kBM / 16 - 1) / (kBM / 16)),
+                  unsigned(splits));
   SALA_CUDA_REQUIRE(grid.y <= 65535u, "qgemm: too many weight rows");
   auto run = [&](auto kernel) {
-    kernel<<<grid, kThreads, kSmemBytes, st>>>(w, static_cast<const bf16*>(x), ldx, y, int(dty), ldy, N);
+    kernel<<<grid, kThreads, kSmemBytes, st>>>(w, static_cast<const bf16*>(x), ldx, y, int(dty), ldy, N,
+                                               splits > 1 ? split_ws : nullptr);
   };
   // Automatic: kPipelined, the fastest in sum where the kernel is chosen (fp8/int8/int4 16384×4096
   // at 128 and 256 rows, H100: 491 µs against 502–504 for skewed and overlapped; per case the
@@ -447,6 +503,12 @@ void launch_qgemm(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty,
     default: SALA_CUDA_REQUIRE(false, "qgemm: unknown packed format");
   }
   SALA_CUDA_LAUNCH("qgemm kernel");
+  if (splits > 1) {
+    const int64_t total = int64_t(N) * w.out;
+    qgemm_split_reduce_kernel<<<grid_for(total, 256, 132 * 8), 256, 0, st>>>(split_ws, splits, N, w.out, y, int(dty),
+                                                                              ldy);
+    SALA_CUDA_LAUNCH("qgemm split reduce");
+  }
 }
 
 }  // namespace sala::cuda
