@@ -10,7 +10,8 @@
 // Speed of light: the tensor cores. 2·N·out·in FLOPs at ~790 TFLOP/s (cuBLAS bf16, H100/H200
 // measured); the bytes (codes once from DRAM, x from L2) are far below the memory roof at N ≥ 128.
 //
-// Kernel (sm_90a, wgmma): a CTA of two warpgroups owns 128 weight rows × 256 tokens. The weight
+// Kernel (sm_90a, wgmma): a CTA of two warpgroups owns 128 weight rows × 256 tokens (128 where
+// N ≤ 128: wgmma.m64n128k16, no padding rows multiplied). The weight
 // is the A operand, from registers: warp w holds row block w of the CTA (16 rows), and per k16
 // step its lane (g, t) loads the 16-byte piece of the GEMV tile layout (quant_layout.h: rows g and
 // g+8, columns 4t..4t+3), trades bytes with two lanes of its quad (shfl) to get the columns
@@ -50,12 +51,12 @@ namespace {
 using namespace qlayout;
 
 constexpr int kBM = 128;                         // weight rows per CTA (8 warps × 16)
-constexpr int kBN = 256;                         // tokens per CTA (wgmma n)
+constexpr int kBN = 256;                         // tokens per CTA (wgmma n); 128 for N ≤ 128 (qgemm_tile_n)
 constexpr int kBK = 64;                          // k per stage: one 128-byte swizzle row of x
 constexpr int kStages = 4;                       // x stages in shared memory (2–3 loads in flight)
 constexpr int kThreads = 256;                    // two warpgroups
-constexpr int kStageBytes = kBN * kBK * 2;       // 32 KiB
-constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 64;  // + alignment, 8 mbarriers (kPipelined)
+constexpr int stage_bytes(int bn) { return bn * kBK * 2; }  // 32 KiB at 256 tokens
+constexpr int smem_bytes(int bn) { return kStages * stage_bytes(bn) + 1024 + 64; }  // + alignment, 8 mbarriers
 
 // 0: off (the dequantize + cuBLAS path), 1: automatic, 2 / 3 / 4 / 5: the kernel's kStaged /
 // kOverlapped / kSkewed / kPipelined variant wherever a shape fits.
@@ -105,6 +106,36 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint3
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+// The same with n = 128 (64 accumulators): token tiles of ≤ 128 rows (batched decode of 65–128
+// sequences) do not multiply 128 padding rows.
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <int BN>
+__device__ __forceinline__ void wgmma_rs(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t desc) {
+  if constexpr (BN == 256) wgmma_m64n256k16_rs(d, a, desc);
+  else wgmma_m64n128k16_rs(d, a, desc);
 }
 
 __device__ __forceinline__ void wgmma_fence() {
@@ -216,7 +247,7 @@ __device__ __forceinline__ void decode_step(const uint4 (&c)[CT], const float4& 
 //     may run up to two stages ahead of the other (decode before waiting for the stage's x).
 enum Variant : int { kStaged = 0, kOverlapped = 1, kSkewed = 2, kPipelined = 3 };
 
-template <int FMT, int VARIANT>
+template <int FMT, int VARIANT, int BN = kBN>
 __global__ void __launch_bounds__(kThreads, 1)
     qgemm_kernel(QWeight w, const bf16* __restrict__ x, int64_t ldx, void* __restrict__ y, int ydt, int64_t ldy,
                  int N, float* __restrict__ split_ws) {
@@ -224,7 +255,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sbase = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int n0 = int(blockIdx.x) * kBN;
+  const int n0 = int(blockIdx.x) * BN;
+  constexpr int kStageBytes = stage_bytes(BN), kAcc = BN / 2;
   const int64_t rb = int64_t(blockIdx.y) * (kBM / 16) + warp;
   const bool live = rb < (w.out + 15) / 16;  // padding rows of the last tile: zero codes, no stores
   constexpr int KT = tile_k(FMT), CT = kBK / KT;  // tiles per stage: 2 (8-bit) or 1 (Q4)
@@ -240,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto copy_x = [&](int s) {
     const uint32_t dst = sbase + uint32_t(s % kStages) * kStageBytes;
 #pragma unroll
-    for (int r = 0; r < kBN * 8 / kThreads; ++r) {
+    for (int r = 0; r < BN * 8 / kThreads; ++r) {
       const int q = tid + r * kThreads, row = q >> 3, c = q & 7, n = n0 + row;
       const bf16* src = x + int64_t(n < N ? n : N - 1) * ldx + int64_t(sbeg + s) * kBK + c * 8;
       cp_async16(dst + uint32_t(row * 128 + ((c ^ (row & 7)) << 4)), src, n < N ? 16 : 0);
@@ -261,11 +293,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  float acc[128];
+  float acc[kAcc];
 #pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
 #pragma unroll
-  for (int i = 0; i < 128; ++i) keep(acc[i]);
+  for (int i = 0; i < kAcc; ++i) keep(acc[i]);
   uint4 cbuf[2][CT];
   float4 pbuf[2];
   pbuf[0] = pbuf[1] = live ? ld_param(params) : make_float4(0.f, 0.f, 0.f, 0.f);  // per-row formats: for good
@@ -306,7 +338,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint64_t desc = b_desc(sbase + b * kStageBytes);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs(acc, frag[kk], desc + uint64_t(2 * kk));  // +32 B per k16
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs<BN>(acc, frag[kk], desc + uint64_t(2 * kk));  // +32 B per k16
     wgmma_commit();
   };
 
@@ -348,13 +380,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   wgmma_wait<0>();
 #pragma unroll
-  for (int i = 0; i < 128; ++i) keep(acc[i]);
+  for (int i = 0; i < kAcc; ++i) keep(acc[i]);
 
   // Accumulator j·4 + {0, 1, 2, 3}: rows g, g, g+8, g+8 × tokens 8j + 2t, 8j + 2t + 1.
   if (!live) return;
   const int64_t row0 = rb * 16 + g;
 #pragma unroll
-  for (int j = 0; j < kBN / 8; ++j) {
+  for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int n = n0 + 8 * j + 2 * t + (i & 1);
@@ -408,12 +440,25 @@ int sm_count() {
   return n;
 }
 
+// Tokens per CTA: 128 where that covers N and the pipelined variant runs (the automatic choice),
+// else 256.
+int qgemm_tile_n(int N) {
+  const int mode = qgemm_mode();
+  return N <= 128 && (mode == 1 || mode == 5) ? 128 : kBN;
+}
+
+// (token tiles) × (row tiles) of a product.
+int64_t qgemm_tiles(const QWeight& w, int N) {
+  const int bn = qgemm_tile_n(N);
+  return (N + bn - 1) / bn * (((w.out + 15) / 16 + kBM / 16 - 1) / (kBM / 16));
+}
+
 }  // namespace
 
 // CTAs per (row tile, token tile): enough to fill the SMs once, each with at least 8 of the 64-k
 // stages (the ring's fill and the partial sums' traffic stay small next to the loop), at most 8.
 int qgemm_splits(const QWeight& w, int N) {
-  const int64_t ctas = (N + kBN - 1) / kBN * (((w.out + 15) / 16 + kBM / 16 - 1) / (kBM / 16));
+  const int64_t ctas = qgemm_tiles(w, N);
   const int64_t by_sms = sm_count() / std::max<int64_t>(ctas, 1), by_k = w.in / kBK / 8;
   return int(std::max<int64_t>(1, std::min<int64_t>({8, by_sms, by_k})));
 }
@@ -440,8 +485,10 @@ bool qgemm_available() {
     for (auto kernel : {qgemm_kernel<kFP8, kStaged>, qgemm_kernel<kFP8, kOverlapped>, qgemm_kernel<kFP8, kSkewed>,
                         qgemm_kernel<kFP8, kPipelined>, qgemm_kernel<kQ8, kStaged>, qgemm_kernel<kQ8, kOverlapped>,
                         qgemm_kernel<kQ8, kSkewed>, qgemm_kernel<kQ8, kPipelined>, qgemm_kernel<kQ4, kStaged>,
-                        qgemm_kernel<kQ4, kOverlapped>, qgemm_kernel<kQ4, kSkewed>, qgemm_kernel<kQ4, kPipelined>})
-      SALA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+                        qgemm_kernel<kQ4, kOverlapped>, qgemm_kernel<kQ4, kSkewed>, qgemm_kernel<kQ4, kPipelined>,
+                        qgemm_kernel<kFP8, kPipelined, 128>, qgemm_kernel<kQ8, kPipelined, 128>,
+                        qgemm_kernel<kQ4, kPipelined, 128>})
+      SALA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(kBN)));
     return true;
   }();
   return available;
@@ -463,14 +510,15 @@ std::string qgemm_unfit(const QWeight& w, const void* x, int64_t ldx) {
 // fused kernel wins where that pass dominates and its own grid fills the GPU: one token tile
 // (N ≤ 256) of a matrix of 16384+ rows (≥ 128 CTAs; fp8 16384×4096 at 128–256 rows: 80 µs against
 // 134–139), or of a 4096-row matrix with K split 4 ways (fp8 4096×16384 at 128 / 256 rows: 86 / 84
-// µs against 140 / 145; 4096×4096: 30 / 32 against 36 / 39; int4 4096×4096 about even,
-// bench/results/2026-11-25-h100-qgemm-split.md). At 512 rows (split 2 ways) and at 2048 prompt
-// rows it is 0.6–0.85× the dequantize path. (The packed GEMV keeps N ≤ 64: cuda_quant.cpp.)
+// µs against 140 / 145; 4096×4096: 30 / 32 against 36 / 39; int4 4096×4096 about even; with the
+// 128-token tile at 128 rows: 63 and 23 µs, bench/results/2026-11-25-h100-qgemm-split.md). At 512
+// rows (split 2 ways) and at 2048 prompt rows it is 0.6–0.85× the dequantize path. (The packed
+// GEMV keeps N ≤ 64: cuda_quant.cpp.)
 bool qgemm_preferred(const QWeight& w, int N) {
   const int mode = qgemm_mode();
   if (mode == 0) return false;
   if (mode >= 2) return true;
-  const int64_t ctas = (N + kBN - 1) / kBN * (((w.out + 15) / 16 + kBM / 16 - 1) / (kBM / 16)) * qgemm_splits(w, N);
+  const int64_t ctas = qgemm_tiles(w, N) * qgemm_splits(w, N);
   return N <= kBN && ctas * 4 >= sm_count() * 3;
 }
 
@@ -479,13 +527,13 @@ void launch_qgemm(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty,
   SALA_CUDA_REQUIRE(qgemm_unfit(w, x, ldx).empty(), "qgemm: shape not supported (check qgemm_unfit first)");
   SALA_CUDA_REQUIRE(dty == kBF16 || dty == kF32, "qgemm: output must be bf16 or f32");
   if (N <= 0) return;
-  const int splits = split_ws ? qgemm_splits(w, N) : 1;
-  const dim3 grid(unsigned((N + kBN - 1) / kBN), unsigned(((w.out + 15) / 16 + kBM / 16 - 1) / (kBM / 16)),
+  const int splits = split_ws ? qgemm_splits(w, N) : 1, bn = qgemm_tile_n(N);
+  const dim3 grid(unsigned((N + bn - 1) / bn), unsigned(((w.out + 15) / 16 + kBM / 16 - 1) / (kBM / 16)),
                   unsigned(splits));
   SALA_CUDA_REQUIRE(grid.y <= 65535u, "qgemm: too many weight rows");
   auto run = [&](auto kernel) {
-    kernel<<<grid, kThreads, kSmemBytes, st>>>(w, static_cast<const bf16*>(x), ldx, y, int(dty), ldy, N,
-                                               splits > 1 ? split_ws : nullptr);
+    kernel<<<grid, kThreads, smem_bytes(bn), st>>>(w, static_cast<const bf16*>(x), ldx, y, int(dty), ldy, N,
+                                                   splits > 1 ? split_ws : nullptr);
   };
   // Automatic: kPipelined, the fastest in sum where the kernel is chosen (fp8/int8/int4 16384×4096
   // at 128 and 256 rows, H100: 491 µs against 502–504 for skewed and overlapped; per case the
@@ -496,11 +544,20 @@ void launch_qgemm(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty,
     int i = 0;
     ((i++ == v ? run(kernels) : void()), ...);
   };
-  switch (w.fmt) {
-    case kFP8: pick(qgemm_kernel<kFP8, 0>, qgemm_kernel<kFP8, 1>, qgemm_kernel<kFP8, 2>, qgemm_kernel<kFP8, 3>); break;
-    case kQ8: pick(qgemm_kernel<kQ8, 0>, qgemm_kernel<kQ8, 1>, qgemm_kernel<kQ8, 2>, qgemm_kernel<kQ8, 3>); break;
-    case kQ4: pick(qgemm_kernel<kQ4, 0>, qgemm_kernel<kQ4, 1>, qgemm_kernel<kQ4, 2>, qgemm_kernel<kQ4, 3>); break;
-    default: SALA_CUDA_REQUIRE(false, "qgemm: unknown packed format");
+  if (bn == 128) {  // pipelined only (qgemm_tile_n)
+    switch (w.fmt) {
+      case kFP8: run(qgemm_kernel<kFP8, kPipelined, 128>); break;
+      case kQ8: run(qgemm_kernel<kQ8, kPipelined, 128>); break;
+      case kQ4: run(qgemm_kernel<kQ4, kPipelined, 128>); break;
+      default: SALA_CUDA_REQUIRE(false, "qgemm: unknown packed format");
+    }
+  } else {
+    switch (w.fmt) {
+      case kFP8: pick(qgemm_kernel<kFP8, 0>, qgemm_kernel<kFP8, 1>, qgemm_kernel<kFP8, 2>, qgemm_kernel<kFP8, 3>); break;
+      case kQ8: pick(qgemm_kernel<kQ8, 0>, qgemm_kernel<kQ8, 1>, qgemm_kernel<kQ8, 2>, qgemm_kernel<kQ8, 3>); break;
+      case kQ4: pick(qgemm_kernel<kQ4, 0>, qgemm_kernel<kQ4, 1>, qgemm_kernel<kQ4, 2>, qgemm_kernel<kQ4, 3>); break;
+      default: SALA_CUDA_REQUIRE(false, "qgemm: unknown packed format");
+    }
   }
   SALA_CUDA_LAUNCH("qgemm kernel");
   if (splits > 1) {
