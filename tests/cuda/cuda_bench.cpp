@@ -221,7 +221,7 @@ int run_bench(int argc, char** argv) {
       for (F f : {F{"fp8", WeightFormat::FP8, 0}, F{"int8", WeightFormat::Q8, 0}, F{"int4", WeightFormat::Q4, 64}}) {
         if (one_rows && std::strcmp(f.name, one_fmt) != 0) continue;
         const Weight wq = be.random_quantized_weight(f.f, out, in, f.group ? f.group : in, 0.02f, 11);
-        for (int n : {128, 256, 512, 2048}) {
+        for (int n : {32, 64, 128, 256, 512, 2048}) {
           if (one_rows && n != one_n) continue;
           auto xb = be.alloc(size_t(n * in) * 2), yb = be.alloc(size_t(n * out) * 2);
           Mat x = xb->mat(DType::BF16, n, in), y = yb->mat(DType::BF16, n, out);
@@ -239,6 +239,11 @@ int run_bench(int argc, char** argv) {
           const double bf = time_us(be, 10, [&](int) { be.matmul(x, wb, y); });
           std::snprintf(buf, sizeof buf, " bf16 cuBLAS %.1f us (%.0f TF/s)", bf, tf(bf));
           line += buf;
+          if (n <= 64) {  // what matmul runs at these rows: the packed GEMV
+            const double us = time_us(be, 10, [&](int) { be.matmul(x, wq, y); });
+            std::snprintf(buf, sizeof buf, ", packed GEMV %.1f (%.0f)", us, tf(us));
+            line += buf;
+          }
           const char* names[] = {"dequant+cuBLAS", "", "staged", "overlapped", "skewed", "pipelined"};
           be.set_use_gemv(false);  // these paths at any N (matmul takes ≤ 64 rows on the GEMV)
           for (int mode : {0, 2, 3, 4, 5}) {

@@ -1,8 +1,8 @@
 // Packed weights on the GPU (called from cuda_parity.cpp's main): the CUDA packed matmul against
 // the CPU packed matmul (the f32 reference) for every format at N = 1, 2, 3, 8 (decode GEMV, one
 // n-tile, every warp count), 9, 16, 17, 24, 25, 32 (2 or 4 n-tiles per decoded weight, one or two
-// row blocks per CTA), 33, 64 (several GEMV launches) and 512 (the prompt GEMM, or bf16
-// dequantization + cuBLAS where it does not fit), x/y dtypes; the prompt GEMM against the
+// row blocks per CTA), 33, 64 (the fused GEMM where its tiles fill the GPU, else two GEMV
+// launches) and 512 (bf16 dequantization + cuBLAS), x/y dtypes; the prompt GEMM against the
 // dequantize + cuBLAS path; matmul_group (grouped GEMV launch) against per-part matmul; matmul_silu_mul (the
 // activation in the GEMV's epilogue) against the unfused pair and the CPU; the device tiling against
 // the host's (quant_layout.h); random packed weights; load errors; whole quantized models (CPU vs
@@ -173,9 +173,12 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
         if (s.big && (n == 3 || n == 16 || n == 24 || n == 25 || n == 64)) continue;
         const auto x = randn(size_t(n * s.in), 7 + uint64_t(n));
         const auto ref = run_matmul(cpu, wc, x, n, DType::F32, DType::F32);
-        // GEMV (N ≤ 64) with f32 output: exact products of exact bf16 values, fp32 sums: tight.
-        // cuBLAS multiplies the bf16-rounded dequantized weight: bf16 tolerance.
-        const double tol32 = n <= 64 ? (pm.format == WeightFormat::Q4 ? 5e-5 : 2e-5) : 1e-2;
+        // GEMV (N ≤ 32; ≤ 64 where the fused GEMM does not take the product) with f32 output: exact
+        // products of exact bf16 values, fp32 sums: tight. cuBLAS and the fused GEMM multiply the
+        // bf16-rounded dequantized weight: bf16 tolerance.
+        const cuda::QWeight qw{int(wg.format), wg.w.data, static_cast<const float*>(wg.scales), s.out, s.in, wg.group};
+        const bool gemv = n <= 32 || (n <= 64 && !cuda::qgemm_preferred(qw, int(n)));
+        const double tol32 = gemv ? (pm.format == WeightFormat::Q4 ? 5e-5 : 2e-5) : 1e-2;
         double e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::F32), ref);
         check(e < tol32, strf("packed matmul %s N=%lld %s y:f32", f.name, (long long)n, shape.c_str()),
               strf("rel %.2e", e));
@@ -299,7 +302,8 @@ void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
     const PackedMatrix pm = random_packed(c.f, c.out, c.in, c.group, 77 + uint64_t(c.out));
     const Weight wc = cpu.load_quantized_weight(pm.view(), c.name), wg = gpu.load_quantized_weight(pm.view(), c.name);
     const cuda::QWeight qw{int(wg.format), wg.w.data, static_cast<const float*>(wg.scales), c.out, c.in, c.group};
-    for (int64_t n : {65, 256, 300, 1100}) {
+    gpu.set_use_gemv(false);  // N = 40 too: matmul's ≤ 64-row GEMV would take it otherwise
+    for (int64_t n : {40, 65, 256, 300, 1100}) {
       if (c.in == 16384 && n != 256 && n != 300) continue;
       // Where one token tile's row tiles would leave SMs idle, K is split over several CTAs.
       const int splits = cuda::qgemm_splits(qw, int(n));
@@ -327,6 +331,7 @@ void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
       }
       cuda::set_qgemm_mode(1);
     }
+    gpu.set_use_gemv(true);
   }
   // A 4096-row matrix at one token tile splits K (32 row tiles alone would idle most SMs) and, so
   // filled, is the automatic choice; one of 16384 rows needs no split.
@@ -629,6 +634,57 @@ void test_models() {
   fs::remove_all(tmp);
 }
 
+// 40 sequences decoding together: their 40-row products take the fused GEMM where it fits (forced
+// onto the tiny model's small matrices with mode 5; the 9B shape takes it by default), inside CUDA
+// graphs. Graphs on == off bit for bit, and close to the CPU.
+void test_batched_fused() {
+  const fs::path tmp = tmp_dir();
+  const ModelConfig cfg = preset_config("tiny");
+  RandomCheckpointOptions ro;
+  ro.seed = 13;
+  ro.dtype = DType::F32;
+  write_random_checkpoint(tmp / "f32", cfg, ro);
+  for (const auto& [name, opt] : {std::pair<const char*, QuantizeOptions>{"fp8", {QuantFormat::FP8, 0, false, 4}},
+                                  std::pair<const char*, QuantizeOptions>{"int4", {QuantFormat::INT4, 64, true, 4}}}) {
+    const fs::path q = tmp / name;
+    quantize_checkpoint(tmp / "f32", q, opt);
+    std::vector<std::vector<int32_t>> seqs(40, std::vector<int32_t>(24));
+    for (size_t s = 0; s < seqs.size(); ++s)
+      for (size_t i = 0; i < seqs[s].size(); ++i) seqs[s][i] = int32_t(3 + (s * 131 + i * 97 + 5) % 500);
+    auto run = [&](Backend& b) {
+      LoadedModel m = load_model(q.string(), b, {.max_batch_tokens = 512, .max_logit_rows = 512});
+      Engine e(*m.model, {.max_sequences = int(seqs.size()), .max_context = 64});
+      auto per_seq = replay(e, seqs, {8, 8, true});  // one 320-row prompt step, then 16 steps of 40 rows
+      std::vector<float> all;
+      for (const auto& v : per_seq) all.insert(all.end(), v.begin(), v.end());
+      return all;
+    };
+    CpuBackend cpu(0);
+    const auto ref = run(cpu);
+    cuda::set_qgemm_mode(5);
+    std::vector<float> graphed, eager;
+    Backend::GraphStats gs;
+    {
+      CudaBackend gpu(0);
+      graphed = run(gpu);
+      gs = gpu.graph_stats();
+    }
+    {
+      CudaBackend gpu(0);
+      gpu.set_graphs(false);
+      eager = run(gpu);
+    }
+    cuda::set_qgemm_mode(1);
+    check(graphed == eager && gs.replays > 0, strf("tiny %s, 40 sequences, fused GEMM: graphs == eager", name),
+          strf("%lld replays", (long long)gs.replays));
+    const double e = rel_err(graphed, ref);
+    const double t = top1(graphed, ref, cfg.vocab_size);
+    check(e < 5e-2 && t > 0.95, strf("tiny %s, 40 sequences, fused GEMM: cuda vs cpu", name),
+          strf("rel %.2e, top-1 %.3f", e, t));
+  }
+  fs::remove_all(tmp);
+}
+
 }  // namespace
 
 // One line in cuda_parity.cpp's main calls this; results go into its pass/fail counters.
@@ -645,6 +701,7 @@ void test_quant_parity(int& pass, int& fail) {
     test_fp8_prefill(cpu, gpu);
     test_random_and_errors(cpu, gpu);
     test_models();
+    test_batched_fused();
   } catch (const std::exception& e) {
     check(false, "packed weights: exception", e.what());
   }

@@ -1,9 +1,9 @@
 // CUDA backend: packed weights (docs/quantization.md). Loading uploads the canonical codes and
 // tiles them on the device (quant_layout.h), random packed weights are generated on the device,
-// and matmul runs the packed decode GEMV for N ≤ 64 (quant_gemv.cu; matmul_group: one grouped
-// launch for N ≤ 32) and, above, dequantizes row blocks into a fixed bf16 scratch that cuBLAS
-// multiplies — or, for up to 256 rows of a tall matrix on Hopper, where that pass would dominate,
-// runs the GEMM that decodes the codes in its load path (quant_gemm.cu). With --fp8-prefill,
+// and matmul runs the packed decode GEMV for N ≤ 32 (quant_gemv.cu; matmul_group: one grouped
+// launch); on Hopper, for 33–256 rows of matrices whose tiles fill the GPU, the GEMM that decodes
+// the codes in its load path (quant_gemm.cu); the GEMV in two launches for other products of ≤ 64
+// rows; above, row blocks dequantized into a fixed bf16 scratch that cuBLAS multiplies. With --fp8-prefill,
 // per-row FP8 weights multiply prefill rows in fp8 instead (cuBLASLt, activations quantized per
 // row: W8A8).
 #include <cublasLt.h>
@@ -48,8 +48,9 @@ size_t qscratch_bytes() {
 
 constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
-// Rows a packed product takes on the decode GEMV (two launches of 32; see matmul_packed).
-constexpr int64_t kPackedGemvMaxRows = 64;
+// Rows a packed product takes on the decode GEMV: one launch of up to 32; up to two (64 rows)
+// where the fused GEMM does not take the product (see matmul_packed).
+constexpr int64_t kPackedGemvLaunchRows = 32, kPackedGemvMaxRows = 64;
 
 cuda::QWeight qweight(const Weight& w) {
   return {int(w.format), w.w.data, static_cast<const float*>(w.scales), w.out(), w.in(), w.group};
@@ -147,11 +148,6 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   const void* xb = packed_input(x);
   const cuda::Dt ydt = y.dtype == DType::BF16 ? cuda::kBF16 : cuda::kF32;
   const size_t ysize = dtype_size(y.dtype);
-  // Decode GEMV, up to 32 rows per launch (each decoded weight feeds 4 n-tiles of 8), at most two
-  // launches (64 rows): each re-reads the packed bytes and is bound by its instructions, so beyond
-  // that the other paths are faster, for q4 as well (H100, 128 rows: q4 16384×4096 on four GEMV
-  // launches 231 µs, the fused GEMM 84–93, its 256-row tile; 4096×4096 63 µs against 34–35
-  // for fp8's dequantize + cuBLAS — bench/results/2026-11-25-h100-qgemm.md).
   // Batch-invariant backends: one fixed launch shape (8 warps) in launches of ≤ 8 rows, up to 64 rows.
   const int64_t rows_per_launch = batch_invariant_ ? 8 : 32;
   if (fp8_prefill_ && w.format == WeightFormat::FP8 && N >= kFp8PrefillMinRows) {
@@ -163,19 +159,17 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
                    unfit.c_str());
     });
   }
-  if (use_gemv_ && N <= kPackedGemvMaxRows) {
-    size_t ws_floats = 0;
-    float* ws = qsplit_workspace(std::min(N, rows_per_launch), out, &ws_floats);
-    for (int64_t n0 = 0; n0 < N; n0 += rows_per_launch)
-      cuda::launch_qgemv(q, static_cast<const uint8_t*>(xb) + size_t(n0 * in) * 2, in,
-                         static_cast<uint8_t*>(y.data) + size_t(n0 * y.cols) * ysize, ydt, y.cols,
-                         int(std::min<int64_t>(rows_per_launch, N - n0)), qgemv_warps(), pdl_ && props_.major >= 9,
-                         stream_, ws, ws_floats);
-    return;
-  }
-  // Where it is the faster path (few rows of a tall matrix, quant_gemm.cu), the GEMM that decodes
-  // the codes in its load path; a shape or build it cannot take says why, once.
-  if (cuda::qgemm_preferred(q, int(N))) {
+  // The GEMM that decodes the codes in its load path (quant_gemm.cu), where it is the faster path:
+  // 33–256 rows of matrices whose tiles fill the GPU (qgemm_preferred). The decode GEMV takes up to
+  // 32 rows per launch (each decoded weight feeds 4 n-tiles of 8) and is bound by its instructions,
+  // so a second launch (33–64 rows) costs as much again: H100, 64 rows, fp8 4096×4096 39.5 µs on
+  // two GEMV launches against 19.9 for the fused GEMM's 64-token tile, 16384×4096 85.7 against
+  // 53.6; at 32 rows the one GEMV launch is as fast or faster (bench/results/2026-11-25-h100-qgemm-split.md).
+  // A shape or build the GEMM cannot take says why, once, and keeps the GEMV (≤ 64 rows) or the
+  // dequantize path.
+  const bool gemv_fits = use_gemv_ && N <= kPackedGemvMaxRows;
+  bool fused = !(gemv_fits && (N <= kPackedGemvLaunchRows || batch_invariant_)) && cuda::qgemm_preferred(q, int(N));
+  if (fused) {
     const std::string unfit = cuda::qgemm_unfit(q, xb, in);
     if (unfit.empty()) {
       const size_t split_floats = cuda::qgemm_split_floats(q, int(N));  // 4096-row matrices: K split
@@ -184,9 +178,19 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
     }
     static std::once_flag qgemm_warned;
     std::call_once(qgemm_warned, [&] {
-      std::fprintf(stderr, "note: packed products of %lld rows: %s; they dequantize to bf16 for cuBLAS instead\n",
-                   (long long)N, unfit.c_str());
+      std::fprintf(stderr, "note: packed products of %lld rows: %s; they take the %s instead\n", (long long)N,
+                   unfit.c_str(), gemv_fits ? "decode GEMV" : "dequantize + cuBLAS path");
     });
+  }
+  if (gemv_fits) {
+    size_t ws_floats = 0;
+    float* ws = qsplit_workspace(std::min(N, rows_per_launch), out, &ws_floats);
+    for (int64_t n0 = 0; n0 < N; n0 += rows_per_launch)
+      cuda::launch_qgemv(q, static_cast<const uint8_t*>(xb) + size_t(n0 * in) * 2, in,
+                         static_cast<uint8_t*>(y.data) + size_t(n0 * y.cols) * ysize, ydt, y.cols,
+                         int(std::min<int64_t>(rows_per_launch, N - n0)), qgemv_warps(), pdl_ && props_.major >= 9,
+                         stream_, ws, ws_floats);
+    return;
   }
   // Otherwise: row blocks dequantized to bf16 [rows, in] in the fixed scratch, then cuBLAS writes
   // y[:, o0 : o0 + rows] (column-major view: yᵀ[o0 + r, n] at y + o0 with leading dimension y.cols).

@@ -10,8 +10,8 @@
 // Speed of light: the tensor cores. 2·N·out·in FLOPs at ~790 TFLOP/s (cuBLAS bf16, H100/H200
 // measured); the bytes (codes once from DRAM, x from L2) are far below the memory roof at N ≥ 128.
 //
-// Kernel (sm_90a, wgmma): a CTA of two warpgroups owns 128 weight rows × 256 tokens (128 where
-// N ≤ 128: wgmma.m64n128k16, no padding rows multiplied). The weight
+// Kernel (sm_90a, wgmma): a CTA of two warpgroups owns 128 weight rows × 256 tokens (128 or 64
+// where N ≤ 128 or 64: wgmma.m64n128k16 / m64n64k16, no padding rows multiplied). The weight
 // is the A operand, from registers: warp w holds row block w of the CTA (16 rows), and per k16
 // step its lane (g, t) loads the 16-byte piece of the GEMV tile layout (quant_layout.h: rows g and
 // g+8, columns 4t..4t+3), trades bytes with two lanes of its quad (shfl) to get the columns
@@ -132,10 +132,28 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
+// And n = 64 (32 accumulators), for products of ≤ 64 rows.
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
 template <int BN>
 __device__ __forceinline__ void wgmma_rs(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t desc) {
   if constexpr (BN == 256) wgmma_m64n256k16_rs(d, a, desc);
-  else wgmma_m64n128k16_rs(d, a, desc);
+  else if constexpr (BN == 128) wgmma_m64n128k16_rs(d, a, desc);
+  else wgmma_m64n64k16_rs(d, a, desc);
 }
 
 __device__ __forceinline__ void wgmma_fence() {
@@ -440,11 +458,12 @@ int sm_count() {
   return n;
 }
 
-// Tokens per CTA: 128 where that covers N and the pipelined variant runs (the automatic choice),
-// else 256.
+// Tokens per CTA: 64 or 128 where that covers N and the pipelined variant runs (the automatic
+// choice), else 256.
 int qgemm_tile_n(int N) {
   const int mode = qgemm_mode();
-  return N <= 128 && (mode == 1 || mode == 5) ? 128 : kBN;
+  if (mode != 1 && mode != 5) return kBN;
+  return N <= 64 ? 64 : N <= 128 ? 128 : kBN;
 }
 
 // (token tiles) × (row tiles) of a product.
@@ -487,7 +506,8 @@ bool qgemm_available() {
                         qgemm_kernel<kQ8, kSkewed>, qgemm_kernel<kQ8, kPipelined>, qgemm_kernel<kQ4, kStaged>,
                         qgemm_kernel<kQ4, kOverlapped>, qgemm_kernel<kQ4, kSkewed>, qgemm_kernel<kQ4, kPipelined>,
                         qgemm_kernel<kFP8, kPipelined, 128>, qgemm_kernel<kQ8, kPipelined, 128>,
-                        qgemm_kernel<kQ4, kPipelined, 128>})
+                        qgemm_kernel<kQ4, kPipelined, 128>, qgemm_kernel<kFP8, kPipelined, 64>,
+                        qgemm_kernel<kQ8, kPipelined, 64>, qgemm_kernel<kQ4, kPipelined, 64>})
       SALA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(kBN)));
     return true;
   }();
@@ -544,11 +564,12 @@ void launch_qgemm(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty,
     int i = 0;
     ((i++ == v ? run(kernels) : void()), ...);
   };
-  if (bn == 128) {  // pipelined only (qgemm_tile_n)
+  if (bn < kBN) {  // pipelined only (qgemm_tile_n)
+    auto narrow = [&](auto k128, auto k64) { bn == 128 ? run(k128) : run(k64); };
     switch (w.fmt) {
-      case kFP8: run(qgemm_kernel<kFP8, kPipelined, 128>); break;
-      case kQ8: run(qgemm_kernel<kQ8, kPipelined, 128>); break;
-      case kQ4: run(qgemm_kernel<kQ4, kPipelined, 128>); break;
+      case kFP8: narrow(qgemm_kernel<kFP8, kPipelined, 128>, qgemm_kernel<kFP8, kPipelined, 64>); break;
+      case kQ8: narrow(qgemm_kernel<kQ8, kPipelined, 128>, qgemm_kernel<kQ8, kPipelined, 64>); break;
+      case kQ4: narrow(qgemm_kernel<kQ4, kPipelined, 128>, qgemm_kernel<kQ4, kPipelined, 64>); break;
       default: SALA_CUDA_REQUIRE(false, "qgemm: unknown packed format");
     }
   } else {
