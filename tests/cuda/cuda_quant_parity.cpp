@@ -586,13 +586,19 @@ double top1(const std::vector<float>& a, const std::vector<float>& b, int V) {
   return double(agree) / rows;
 }
 
-void test_models() {
-  const fs::path tmp = tmp_dir();
+// A random f32 checkpoint of the tiny preset in tmp/f32 (what the model tests quantize).
+ModelConfig write_tiny_f32(const fs::path& tmp, uint64_t seed) {
   const ModelConfig cfg = preset_config("tiny");
   RandomCheckpointOptions ro;
-  ro.seed = 12;
+  ro.seed = seed;
   ro.dtype = DType::F32;
   write_random_checkpoint(tmp / "f32", cfg, ro);
+  return cfg;
+}
+
+void test_models() {
+  const fs::path tmp = tmp_dir();
+  const ModelConfig cfg = write_tiny_f32(tmp, 12);
   std::vector<int32_t> seq(300);  // beyond dense_len: sparse layers decode in the InfLLM-v2 regime
   for (size_t i = 0; i < seq.size(); ++i) seq[i] = int32_t(3 + (i * 97 + 5) % 500);
   const std::pair<const char*, QuantizeOptions> cases[] = {{"fp8", {QuantFormat::FP8, 0, false, 4}},
@@ -639,11 +645,7 @@ void test_models() {
 // graphs. Graphs on == off bit for bit, and close to the CPU.
 void test_batched_fused() {
   const fs::path tmp = tmp_dir();
-  const ModelConfig cfg = preset_config("tiny");
-  RandomCheckpointOptions ro;
-  ro.seed = 13;
-  ro.dtype = DType::F32;
-  write_random_checkpoint(tmp / "f32", cfg, ro);
+  const ModelConfig cfg = write_tiny_f32(tmp, 13);
   for (const auto& [name, opt] : {std::pair<const char*, QuantizeOptions>{"fp8", {QuantFormat::FP8, 0, false, 4}},
                                   std::pair<const char*, QuantizeOptions>{"int4", {QuantFormat::INT4, 64, true, 4}}}) {
     const fs::path q = tmp / name;

@@ -168,7 +168,7 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   // A shape or build the GEMM cannot take says why, once, and keeps the GEMV (≤ 64 rows) or the
   // dequantize path.
   const bool gemv_fits = use_gemv_ && N <= kPackedGemvMaxRows;
-  bool fused = !(gemv_fits && (N <= kPackedGemvLaunchRows || batch_invariant_)) && cuda::qgemm_preferred(q, int(N));
+  const bool fused = !(gemv_fits && (N <= kPackedGemvLaunchRows || batch_invariant_)) && cuda::qgemm_preferred(q, int(N));
   if (fused) {
     const std::string unfit = cuda::qgemm_unfit(q, xb, in);
     if (unfit.empty()) {

@@ -139,7 +139,7 @@ constexpr int kQSplitWays = 8;
 constexpr int64_t kQSplitMaxRows = 16384;
 void launch_qgemv(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, int warps,
                   bool pdl, cudaStream_t st, float* split_ws = nullptr, size_t split_ws_floats = 0);
-// Products of more rows than the GEMV takes (N > 64) with a packed weight on Hopper tensor cores,
+// Products of more rows than one GEMV launch takes (N > 32) with a packed weight on Hopper tensor cores,
 // the codes decoded in the GEMM's load path (quant_gemm.cu): y[n, o] = Σ x[n, k]·w[o, k] with the
 // dequantize kernel's bf16 weights, fp32 sums. x bf16 rows of ldx elements; y bf16 or f32.
 // qgemm_preferred: whether it is the faster path for this product (measured crossover;

@@ -1,11 +1,11 @@
-// Products of 65+ rows (decode batches, prompt chunks) with packed weights (FP8, Q8, Q4) on Hopper's
+// Products of 33+ rows (decode batches, prompt chunks) with packed weights (FP8, Q8, Q4) on Hopper's
 // tensor cores, the codes decoded in the GEMM's load path: y[n, o] = Σ_k x[n, k]·w[o, k] with no
 // dequantized copy of the matrix (docs/quantization.md, "The GEMM that decodes in its load path").
 //
 // Why: the dequantize + cuBLAS path writes and re-reads a bf16 copy of every matrix in every
 // forward (1 + 2 + 2 bytes per weight against bf16's 2): at a few hundred rows that pass costs
-// more than the product. Here each weight is read once per CTA as its packed bytes and decoded in
-// registers.
+// more than the product; and at 33–64 rows the decode GEMV needs a second launch, re-reading every
+// byte. Here each weight is read once per CTA as its packed bytes and decoded in registers.
 //
 // Speed of light: the tensor cores. 2·N·out·in FLOPs at ~790 TFLOP/s (cuBLAS bf16, H100/H200
 // measured); the bytes (codes once from DRAM, x from L2) are far below the memory roof at N ≥ 128.
@@ -51,7 +51,7 @@ namespace {
 using namespace qlayout;
 
 constexpr int kBM = 128;                         // weight rows per CTA (8 warps × 16)
-constexpr int kBN = 256;                         // tokens per CTA (wgmma n); 128 for N ≤ 128 (qgemm_tile_n)
+constexpr int kBN = 256;                         // tokens per CTA (wgmma n); 64 / 128 at N ≤ 64 / 128 (qgemm_tile_n)
 constexpr int kBK = 64;                          // k per stage: one 128-byte swizzle row of x
 constexpr int kStages = 4;                       // x stages in shared memory (2–3 loads in flight)
 constexpr int kThreads = 256;                    // two warpgroups
@@ -451,8 +451,9 @@ __global__ void qgemm_split_reduce_kernel(const float* __restrict__ ws, int spli
 int sm_count() {
   static const int n = [] {
     int dev = 0, count = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 132;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 132;  // an H100's
     return count;
   }();
   return n;
