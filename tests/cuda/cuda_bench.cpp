@@ -239,9 +239,9 @@ int run_bench(int argc, char** argv) {
           const double bf = time_us(be, 10, [&](int) { be.matmul(x, wb, y); });
           std::snprintf(buf, sizeof buf, " bf16 cuBLAS %.1f us (%.0f TF/s)", bf, tf(bf));
           line += buf;
-          if (n <= 64) {  // what matmul runs at these rows: the packed GEMV
+          if (n <= 64) {  // what matmul runs at these rows (the packed GEMV up to 32; 33–64: see cuda_quant.cpp)
             const double us = time_us(be, 10, [&](int) { be.matmul(x, wq, y); });
-            std::snprintf(buf, sizeof buf, ", packed GEMV %.1f (%.0f)", us, tf(us));
+            std::snprintf(buf, sizeof buf, ", matmul %s %.1f (%.0f)", n <= 32 ? "GEMV" : "automatic", us, tf(us));
             line += buf;
           }
           const char* names[] = {"dequant+cuBLAS", "", "staged", "overlapped", "skewed", "pipelined"};

@@ -265,8 +265,21 @@ __device__ __forceinline__ void decode_step(const uint4 (&c)[CT], const float4& 
 //     may run up to two stages ahead of the other (decode before waiting for the stage's x).
 enum Variant : int { kStaged = 0, kOverlapped = 1, kSkewed = 2, kPipelined = 3 };
 
+// CTAs resident per SM: two with the 64-token tile (its stages are short, so a second CTA's loads
+// cover the first one's latency; K split gives the grid the CTAs), else one.
+constexpr int ctas_per_sm(int bn) { return bn <= 64 ? 2 : 1; }
+// The CTAs per SM the K split plans for: ctas_per_sm, or 1 with SALA_CUDA_QGEMM_CTAS_PER_SM=1 (A/B
+// runs: the grid of one resident CTA per SM).
+int planned_ctas_per_sm(int bn) {
+  static const bool one = [] {
+    const char* e = std::getenv("SALA_CUDA_QGEMM_CTAS_PER_SM");
+    return e && std::atoi(e) == 1;
+  }();
+  return one ? 1 : ctas_per_sm(bn);
+}
+
 template <int FMT, int VARIANT, int BN = kBN>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, ctas_per_sm(BN))
     qgemm_kernel(QWeight w, const bf16* __restrict__ x, int64_t ldx, void* __restrict__ y, int ydt, int64_t ldy,
                  int N, float* __restrict__ split_ws) {
 #ifdef SALA_QGEMM_WGMMA
@@ -475,11 +488,12 @@ int64_t qgemm_tiles(const QWeight& w, int N) {
 
 }  // namespace
 
-// CTAs per (row tile, token tile): enough to fill the SMs once, each with at least 8 of the 64-k
+// CTAs per (row tile, token tile): enough to fill the SMs' CTA slots once, each with at least 8 of the 64-k
 // stages (the ring's fill and the partial sums' traffic stay small next to the loop), at most 8.
 int qgemm_splits(const QWeight& w, int N) {
   const int64_t ctas = qgemm_tiles(w, N);
-  const int64_t by_sms = sm_count() / std::max<int64_t>(ctas, 1), by_k = w.in / kBK / 8;
+  const int64_t by_sms = sm_count() * planned_ctas_per_sm(qgemm_tile_n(N)) / std::max<int64_t>(ctas, 1);
+  const int64_t by_k = w.in / kBK / 8;
   return int(std::max<int64_t>(1, std::min<int64_t>({8, by_sms, by_k})));
 }
 
