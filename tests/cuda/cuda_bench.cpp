@@ -229,9 +229,7 @@ int run_bench(int argc, char** argv) {
           be.upload(x, xh.data());
           const double flop = 2.0 * n * out * in;
           auto tf = [&](double us) { return flop / (us * 1e-6) / 1e12; };
-          const sala::cuda::QWeight qw{int(wq.format), wq.w.data, static_cast<const float*>(wq.scales), out, in,
-                                       wq.group};
-          const int splits = sala::cuda::qgemm_splits(qw, n);
+          const int splits = sala::cuda::qgemm_splits(CudaBackend::qweight(wq), n);
           std::string line = std::string("qgemm ") + f.name + " " + std::to_string(out) + "x" + std::to_string(in) +
                              " N=" + std::to_string(n) + (splits > 1 ? " (K split x" + std::to_string(splits) + ")" : "") +
                              ":";

@@ -176,7 +176,7 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
         // GEMV (N ≤ 32; ≤ 64 where the fused GEMM does not take the product) with f32 output: exact
         // products of exact bf16 values, fp32 sums: tight. cuBLAS and the fused GEMM multiply the
         // bf16-rounded dequantized weight: bf16 tolerance.
-        const cuda::QWeight qw{int(wg.format), wg.w.data, static_cast<const float*>(wg.scales), s.out, s.in, wg.group};
+        const cuda::QWeight qw = CudaBackend::qweight(wg);
         const bool gemv = n <= 32 || (n <= 64 && !cuda::qgemm_preferred(qw, int(n)));
         const double tol32 = gemv ? (pm.format == WeightFormat::Q4 ? 5e-5 : 2e-5) : 1e-2;
         double e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::F32), ref);
@@ -301,7 +301,7 @@ void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
   for (const C& c : cases) {
     const PackedMatrix pm = random_packed(c.f, c.out, c.in, c.group, 77 + uint64_t(c.out));
     const Weight wc = cpu.load_quantized_weight(pm.view(), c.name), wg = gpu.load_quantized_weight(pm.view(), c.name);
-    const cuda::QWeight qw{int(wg.format), wg.w.data, static_cast<const float*>(wg.scales), c.out, c.in, c.group};
+    const cuda::QWeight qw = CudaBackend::qweight(wg);
     gpu.set_use_gemv(false);  // N = 40 too: matmul's ≤ 64-row GEMV would take it otherwise
     for (int64_t n : {40, 65, 256, 300, 1100}) {
       if (c.in == 16384 && n != 256 && n != 300) continue;
@@ -344,7 +344,7 @@ void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
   // Shapes it does not take say why (and matmul takes the dequantize path).
   const PackedMatrix odd = random_packed(WeightFormat::Q4, 64, 96, 32, 5);
   const Weight wo = gpu.load_quantized_weight(odd.view(), "int4 g32");
-  const cuda::QWeight qo{int(wo.format), wo.w.data, static_cast<const float*>(wo.scales), 64, 96, 32};
+  const cuda::QWeight qo = CudaBackend::qweight(wo);
   const std::string why = cuda::qgemm_unfit(qo, wo.w.data, 96);
   check(why.find("multiple of 64") != std::string::npos, "qgemm: 96 columns, groups of 32 not taken", why);
 }

@@ -128,6 +128,8 @@ class CudaBackend final : public Backend {
 
   // For tests and benchmarks.
   cudaStream_t stream() const { return stream_; }
+  // A packed weight as the packed kernels take it (kernels.h: codes, tiled params, shape, group).
+  static cuda::QWeight qweight(const Weight& w);  // cuda_quant.cpp
   const CacheSpec& spec() const { return spec_; }
   const cudaDeviceProp& props() const { return props_; }
   std::string device_name() const;

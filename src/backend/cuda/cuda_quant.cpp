@@ -52,9 +52,6 @@ constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 // where the fused GEMM does not take the product (see matmul_packed).
 constexpr int64_t kPackedGemvLaunchRows = 32, kPackedGemvMaxRows = 64;
 
-cuda::QWeight qweight(const Weight& w) {
-  return {int(w.format), w.w.data, static_cast<const float*>(w.scales), w.out(), w.in(), w.group};
-}
 
 // What the tile layout and the GEMV need; checked at load with the tensor's name.
 void check_packable(WeightFormat f, int64_t rows, int64_t cols, int64_t group, const std::string& name) {
@@ -69,6 +66,10 @@ void check_packable(WeightFormat f, int64_t rows, int64_t cols, int64_t group, c
 }
 
 }  // namespace
+
+cuda::QWeight CudaBackend::qweight(const Weight& w) {
+  return {int(w.format), w.w.data, static_cast<const float*>(w.scales), w.out(), w.in(), w.group};
+}
 
 Weight CudaBackend::alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group) {
   const qlayout::TileGeom geo{fmt, rows, cols, group};

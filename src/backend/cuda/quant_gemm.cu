@@ -480,11 +480,10 @@ int qgemm_tile_n(int N) {
   return N <= 64 ? 64 : N <= 128 ? 128 : kBN;
 }
 
-// (token tiles) × (row tiles) of a product.
-int64_t qgemm_tiles(const QWeight& w, int N) {
-  const int bn = qgemm_tile_n(N);
-  return (N + bn - 1) / bn * (((w.out + 15) / 16 + kBM / 16 - 1) / (kBM / 16));
-}
+// Row tiles (kBM rows each, of 16-row blocks) and token tiles of a product: its grid's y and x.
+int64_t row_tiles(const QWeight& w) { return ((w.out + 15) / 16 + kBM / 16 - 1) / (kBM / 16); }
+int64_t token_tiles(int N) { return (N + qgemm_tile_n(N) - 1) / qgemm_tile_n(N); }
+int64_t qgemm_tiles(const QWeight& w, int N) { return token_tiles(N) * row_tiles(w); }
 
 }  // namespace
 
@@ -563,8 +562,7 @@ void launch_qgemm(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty,
   SALA_CUDA_REQUIRE(dty == kBF16 || dty == kF32, "qgemm: output must be bf16 or f32");
   if (N <= 0) return;
   const int splits = split_ws ? qgemm_splits(w, N) : 1, bn = qgemm_tile_n(N);
-  const dim3 grid(unsigned((N + bn - 1) / bn), unsigned(((w.out + 15) / 16 + kBM / 16 - 1) / (kBM / 16)),
-                  unsigned(splits));
+  const dim3 grid(unsigned(token_tiles(N)), unsigned(row_tiles(w)), unsigned(splits));
   SALA_CUDA_REQUIRE(grid.y <= 65535u, "qgemm: too many weight rows");
   auto run = [&](auto kernel) {
     kernel<<<grid, kThreads, smem_bytes(bn), st>>>(w, static_cast<const bf16*>(x), ldx, y, int(dty), ldy, N,
@@ -598,8 +596,8 @@ void launch_qgemm(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty,
   SALA_CUDA_LAUNCH("qgemm kernel");
   if (splits > 1) {
     const int64_t total = int64_t(N) * w.out;
-    qgemm_split_reduce_kernel<<<grid_for(total, 256, 132 * 8), 256, 0, st>>>(split_ws, splits, N, w.out, y, int(dty),
-                                                                              ldy);
+    qgemm_split_reduce_kernel<<<grid_for(total, 256, sm_count() * 8), 256, 0, st>>>(split_ws, splits, N, w.out, y,
+                                                                                     int(dty), ldy);
     SALA_CUDA_LAUNCH("qgemm split reduce");
   }
 }
