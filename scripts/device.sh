@@ -8,7 +8,8 @@
 # weights, contexts 1k-32k), the quantized rows (quant-bench: fp8, int8, int4 at 4K/32K, batches 1/8/32),
 # the quality of the packed formats on the 9B shape (quant-quality: `sala quant-quality`, random
 # weights, lm_head kept / quantized), the packed prompt GEMM (qgemm: its kernel table, and decode batches of 128 and
-# 256 sequences with it off / on), prefill of bf16 against the packed formats (quant-prefill: warm medians of 5 per
+# 256 sequences with it off / on; SALA_QGEMM_RUNS="FORMAT:MODE ...", SALA_QGEMM_BATCHES and SALA_QGEMM_STEPS
+# choose others), prefill of bf16 against the packed formats (quant-prefill: warm medians of 5 per
 # context), the speculative verify/draft costs (spec-costs) and the serving benchmark (serve-bench:
 # scripts/serve_bench.sh, 9B random, concurrency 1/8/32). Missing optional steps are skipped with a message.
 # A short summary table is printed last. Steps can be chosen with
@@ -191,11 +192,11 @@ if want qgemm; then
     if [ "$LAST_RC" -eq 0 ]; then note qgemm-kern ok "$LAST_DT" "qgemm.log"; else note qgemm-kern FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
   fi
   if have_bench; then
-    for q in none:- fp8:0 fp8:1 int4:0 int4:1; do
+    for q in ${SALA_QGEMM_RUNS:-none:- fp8:0 fp8:1 int4:0 int4:1}; do  # FORMAT:SALA_CUDA_QGEMM
       fmt=${q%%:*} mode=${q##*:}
       [ "$mode" = - ] && mode=1
       run "qgemm-$fmt-$mode" "$OUT/qgemm.log" env SALA_CUDA_QGEMM="$mode" timeout 200 "$SALA" bench --random 9b \
-        --backend cuda --quant "$fmt" --contexts 1k --batches 128,256 --batch-context 512 --decode-steps 8 \
+        --backend cuda --quant "$fmt" --contexts 1k --batches ${SALA_QGEMM_BATCHES:-128,256} --batch-context 512 --decode-steps ${SALA_QGEMM_STEPS:-8} \
         --json "$OUT/qgemm-$fmt-$mode.json"
       if [ "$LAST_RC" -eq 0 ]; then note "qgemm-$fmt-$mode" ok "$LAST_DT" "SALA_CUDA_QGEMM=$mode"; else note "qgemm-$fmt-$mode" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
     done

@@ -242,9 +242,9 @@ int run_bench(int argc, char** argv) {
             std::snprintf(buf, sizeof buf, ", matmul %s %.1f (%.0f)", n <= 32 ? "GEMV" : "automatic", us, tf(us));
             line += buf;
           }
-          const char* names[] = {"dequant+cuBLAS", "", "staged", "overlapped", "skewed", "pipelined"};
+          const char* names[] = {"dequant+cuBLAS", "", "staged", "overlapped", "skewed", "pipelined", "warp-specialized"};
           be.set_use_gemv(false);  // these paths at any N (matmul takes ≤ 64 rows on the GEMV)
-          for (int mode : {0, 2, 3, 4, 5}) {
+          for (int mode : {0, 2, 3, 4, 5, 6}) {
             sala::cuda::set_qgemm_mode(mode);
             const double us = time_us(be, 10, [&](int) { be.matmul(x, wq, y); });
             std::snprintf(buf, sizeof buf, ", %s %.1f (%.0f)", names[mode], us, tf(us));

@@ -282,7 +282,7 @@ GroupRun run_group(Backend& b, const std::vector<Weight>& ws, const std::vector<
 // CTA for N ≤ 8: another fp32 summation order), so there only fixed warp counts must agree.
 // The prompt GEMM that decodes codes in its load path (quant_gemm.cu) against the dequantize +
 // cuBLAS path (the same bf16 weights: f32 outputs differ only in the order of the fp32 sums) and
-// the CPU: the kernel's four variants (staged, overlapped, skewed, pipelined), token counts around
+// the CPU: the kernel's five variants (staged, overlapped, skewed, pipelined, warp-specialized), token counts around
 // its 256-token tile, row counts around its 128-row tile, per-row and grouped formats.
 void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
   if (!cuda::qgemm_available()) {
@@ -297,7 +297,8 @@ void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
   const C cases[] = {{"fp8", WeightFormat::FP8, 1000, 4096, 4096},   {"int8", WeightFormat::Q8, 4096, 4096, 4096},
                      {"q8 g64", WeightFormat::Q8, 200, 384, 64},       {"int4 g64", WeightFormat::Q4, 1000, 4096, 64},
                      {"int4 g128", WeightFormat::Q4, 129, 1024, 128},  {"fp8", WeightFormat::FP8, 136, 64, 64},
-                     {"int4 g64", WeightFormat::Q4, 4096, 16384, 64},  {"int4 g64", WeightFormat::Q4, 16384, 128, 64}};
+                     {"int4 g64", WeightFormat::Q4, 4096, 16384, 64},  {"int4 g64", WeightFormat::Q4, 16384, 128, 64},
+                     {"fp8", WeightFormat::FP8, 4096, 16384, 16384}};  // 300 rows: the warp-specialized kernel
   for (const C& c : cases) {
     const PackedMatrix pm = random_packed(c.f, c.out, c.in, c.group, 77 + uint64_t(c.out));
     const Weight wc = cpu.load_quantized_weight(pm.view(), c.name), wg = gpu.load_quantized_weight(pm.view(), c.name);
@@ -314,12 +315,15 @@ void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
       cuda::set_qgemm_mode(0);  // dequantize + cuBLAS
       const auto deq = run_matmul(gpu, wg, x, n, DType::BF16, DType::F32);
       const auto deq16 = run_matmul(gpu, wg, x, n, DType::BF16, DType::BF16);
-      for (int mode : {1, 2, 3, 4, 5}) {  // 1: the automatic choice (the kernel at ≤ 256 rows of 16384+)
+      for (int mode : {1, 2, 3, 4, 5, 6}) {  // 1: the automatic choice (the kernel at ≤ 256 rows of 16384+)
         cuda::set_qgemm_mode(mode);
+        // The split count depends on the kernel (CTAs per SM): the name says the one that ran.
+        const int vsplits = cuda::qgemm_splits(qw, int(n));
         const auto y = run_matmul(gpu, wg, x, n, DType::BF16, DType::F32);
         const auto y16 = run_matmul(gpu, wg, x, n, DType::BF16, DType::BF16);
-        const char* names[] = {"", "automatic", "staged", "overlapped", "skewed", "pipelined"};
-        const char* v = names[mode];
+        const char* names[] = {"", "automatic", "staged", "overlapped", "skewed", "pipelined", "warp-specialized"};
+        const std::string vname = vsplits == splits ? names[mode] : strf("%s (K split x%d)", names[mode], vsplits);
+        const char* v = vname.c_str();
         double e = rel_err(y, deq);
         check(e < 2e-5, strf("qgemm %s N=%lld %s == dequant+cuBLAS (f32)", shape.c_str(), (long long)n, v),
               strf("rel %.2e", e));
@@ -341,6 +345,11 @@ void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
             cuda::qgemm_splits(q16k, 256) == 1 && cuda::qgemm_split_floats(q16k, 256) == 0 &&
             cuda::qgemm_preferred(q4k, 128) && !cuda::qgemm_preferred(q4k, 1100),
         "qgemm: K split where row tiles are few", strf("4096 rows: x%d", cuda::qgemm_splits(q4k, 256)));
+  // 257–512 rows: the fused GEMM (warp-specialized) only for 8-bit weights of 64M-weight matrices.
+  const cuda::QWeight q16k4{int(WeightFormat::Q4), nullptr, nullptr, 16384, 4096, 64};
+  check(cuda::qgemm_preferred(q16k, 512) && !cuda::qgemm_preferred(q16k, 513) && !cuda::qgemm_preferred(q4k, 300) &&
+            !cuda::qgemm_preferred(q16k4, 300) && cuda::qgemm_preferred(q16k4, 256),
+        "qgemm: 257-512 rows for 8-bit 16384x4096 only", "");
   // Shapes it does not take say why (and matmul takes the dequantize path).
   const PackedMatrix odd = random_packed(WeightFormat::Q4, 64, 96, 32, 5);
   const Weight wo = gpu.load_quantized_weight(odd.view(), "int4 g32");

@@ -26,11 +26,19 @@
 // barrier (kPipelined) too, where Nsight Compute had the warps of the others waiting;
 // qgemm_preferred says where that still beats dequantize + cuBLAS.
 //
+// The warp-specialized kernel (qgemm_ws_kernel, below) moves the decode to a producer warpgroup
+// that writes the bf16 A tile to shared memory; x and the codes arrive by TMA / bulk copies. It
+// runs at 500–545 TFLOP/s at 2048 rows for 8-bit weights (~65% of cuBLAS; without the decode
+// 690–775: the decode, one producer warpgroup's ALU work, is its limit) and is the automatic choice
+// at 129–512 rows (qgemm_ws_preferred).
+//
 // Split K: a 4096-row matrix has 32 row tiles, so at one token tile (N ≤ 256, batched decode) the
 // grid would leave ~3/4 of the SMs idle. There the K range is split over gridDim.z CTAs per tile
 // (qgemm_splits: up to 8, at least 8 stages each) that write fp32 partial sums [split][n][o]; a
 // second kernel adds them in split order (deterministic) into y.
+#include <cuda.h>  // CUtensorMap (the x tiles' TMA descriptor; the encoder comes from the driver at run time)
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -58,8 +66,9 @@ constexpr int kThreads = 256;                    // two warpgroups
 constexpr int stage_bytes(int bn) { return bn * kBK * 2; }  // 32 KiB at 256 tokens
 constexpr int smem_bytes(int bn) { return kStages * stage_bytes(bn) + 1024 + 64; }  // + alignment, 8 mbarriers
 
-// 0: off (the dequantize + cuBLAS path), 1: automatic, 2 / 3 / 4 / 5: the kernel's kStaged /
-// kOverlapped / kSkewed / kPipelined variant wherever a shape fits.
+// 0: off (the dequantize + cuBLAS path), 1: automatic, 2 / 3 / 4 / 5 / 6: the kernel's kStaged /
+// kOverlapped / kSkewed / kPipelined variant or the warp-specialized kernel wherever a shape fits,
+// 7: automatic without the warp-specialized kernel (A/B runs).
 int g_qgemm_mode = -1;  // -1: not read yet (SALA_CUDA_QGEMM)
 int qgemm_mode() {
   if (g_qgemm_mode < 0) {
@@ -156,6 +165,52 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[BN / 2], const uint32_t (&a)
   else wgmma_m64n64k16_rs(d, a, desc);
 }
 
+// The same products with A from shared memory as well (the warp-specialized kernel: a producer
+// warpgroup writes the decoded bf16 weight tile, K-major with the 128-byte swizzle, like x).
+#define SALA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                     "+f"(d[i + 6]), "+f"(d[i + 7])
+#define SALA_ACC32(i) SALA_ACC8(i), SALA_ACC8(i + 8), SALA_ACC8(i + 16), SALA_ACC8(i + 24)
+__device__ __forceinline__ void wgmma_ss(float (&d)[128], uint64_t adesc, uint64_t bdesc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, p, 1, 1, 0, 0;\n}\n"
+      : SALA_ACC32(0), SALA_ACC32(32), SALA_ACC32(64), SALA_ACC32(96)
+      : "l"(adesc), "l"(bdesc), "r"(1));
+}
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t adesc, uint64_t bdesc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : SALA_ACC32(0), SALA_ACC32(32)
+      : "l"(adesc), "l"(bdesc), "r"(1));
+}
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t adesc, uint64_t bdesc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : SALA_ACC32(0)
+      : "l"(adesc), "l"(bdesc), "r"(1));
+}
+#undef SALA_ACC32
+#undef SALA_ACC8
+
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -250,6 +305,30 @@ __device__ __forceinline__ void decode_step(const uint4 (&c)[CT], const float4& 
   }
 }
 
+// A warp's accumulators of row block rb into y (bf16 / f32) or, with a K split, into its split's
+// fp32 partial sums. Accumulator 4j + {0, 1, 2, 3}: rows g, g, g+8, g+8 × tokens 8j + 2t, 8j + 2t + 1.
+template <int BN>
+__device__ __forceinline__ void store_acc(const float (&acc)[BN / 2], int64_t rb, int g, int t, int n0, int z,
+                                          int64_t out, int N, void* y, int ydt, int64_t ldy, float* split_ws) {
+  const int64_t row0 = rb * 16 + g;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int n = n0 + 8 * j + 2 * t + (i & 1);
+      const int64_t o = row0 + 8 * (i >> 1);
+      if (n < N && o < out) {
+        if (split_ws)
+          split_ws[(int64_t(z) * N + n) * out + o] = acc[4 * j + i];
+        else if (ydt == kBF16)
+          static_cast<bf16*>(y)[int64_t(n) * ldy + o] = __float2bfloat16_rn(acc[4 * j + i]);
+        else
+          static_cast<float*>(y)[int64_t(n) * ldy + o] = acc[4 * j + i];
+      }
+    }
+  }
+}
+
 #endif  // SALA_QGEMM_WGMMA
 
 // How a warpgroup's decode meets the tensor cores (kernel comment at the top; measured in
@@ -275,7 +354,7 @@ int planned_ctas_per_sm(int bn) {
     const char* e = std::getenv("SALA_CUDA_QGEMM_CTAS_PER_SM");
     return e && std::atoi(e) == 1;
   }();
-  return one ? 1 : ctas_per_sm(bn);
+  return one || qgemm_mode() == 6 ? 1 : ctas_per_sm(bn);  // the warp-specialized kernel: one
 }
 
 template <int FMT, int VARIANT, int BN = kBN>
@@ -413,25 +492,214 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(BN))
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) keep(acc[i]);
 
-  // Accumulator j·4 + {0, 1, 2, 3}: rows g, g, g+8, g+8 × tokens 8j + 2t, 8j + 2t + 1.
-  if (!live) return;
-  const int64_t row0 = rb * 16 + g;
+  if (live) store_acc<BN>(acc, rb, g, t, n0, z, w.out, N, y, ydt, ldy, split_ws);
+#else
+  __trap();  // not built for sm_90a: qgemm_available() is false and nothing launches this
+#endif
+}
+
+// The warp-specialized kernel (SALA_CUDA_QGEMM=6): a third warpgroup decodes, the other two only
+// multiply. Per 64-k stage the producer warpgroup
+//   - copies x with one TMA (a 64 k × BN box, 128-byte swizzle, rows past N zero-filled),
+//   - copies the stage's codes of its warps' row blocks with bulk copies S stages ahead (a load's
+//     latency under a full GPU's traffic is longer than a stage's decode), and
+//   - decodes them from shared memory into a bf16 A tile (K-major, 128-byte swizzle: the values
+//     launch_qdequant writes), then arrives on the stage's "full" mbarrier.
+// The two consumer warpgroups wait for it, issue four wgmma.m64nBNk16 with A and B from shared
+// memory, keep one stage of them in flight (wait_group 1) and release the stage before through its
+// "empty" mbarrier. So the tensor cores are fed back to back while the decode runs on the
+// producer's own warps — where the register-A variants above make each warpgroup decode between
+// its own wgmmas.
+constexpr int kWsThreads = 384;  // consumer warpgroups 0, 1; producer warpgroup 2
+constexpr int ws_code_bytes(int fmt) { return kBM / 16 * (kBK / tile_k(fmt)) * kTileBytes; }  // 8 / 4 KiB
+// A stage: the decoded A tile (16 KiB), x (BN × 128 bytes), the codes; every part 1024-aligned.
+constexpr int ws_stage_bytes(int fmt, int bn) { return kBM * kBK * 2 + stage_bytes(bn) + ws_code_bytes(fmt); }
+// One CTA per SM (384 threads take up to 168 registers each); stages to fill ~200–225 KiB.
+constexpr int ws_stages(int bn) { return bn == 256 ? 4 : bn == 128 ? 5 : 6; }
+constexpr int ws_smem_bytes(int fmt, int bn) { return ws_stages(bn) * ws_stage_bytes(fmt, bn) + 1024 + 24 * ws_stages(bn); }
+static_assert(ws_smem_bytes(kFP8, 256) <= 227 * 1024, "the 256-token ring must fit an SM's shared memory");
+
+#ifdef SALA_QGEMM_WGMMA
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// TMA: a 2-D box of x (64 k × BN tokens) into shared memory; its bytes complete the barrier's transaction.
+__device__ __forceinline__ void tma_load_x(uint32_t dst, const CUtensorMap* map, int k, int n, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(n), "r"(bar)
+      : "memory");
+}
+// A contiguous bulk copy (16-byte multiples) into shared memory, completing bytes on the barrier.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void st_shared_v2(uint32_t addr, uint32_t a, uint32_t b) {
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(addr), "r"(a), "r"(b) : "memory");
+}
+// Four decoded weights of one row at columns col .. col + 3 of a stage's A tile (row r of 128):
+// the 8-byte half of a 16-byte swizzle chunk.
+__device__ __forceinline__ void store_a4(uint32_t a_tile, int r, int col, float v0, float v1, float v2, float v3) {
+  const uint32_t at = a_tile + uint32_t(r * 128 + ((((col >> 3) ^ (r & 7))) << 4) + ((col & 4) << 1));
+  st_shared_v2(at, pack_bf16x2(v0, v1), pack_bf16x2(v2, v3));
+}
+#endif
+
+template <int FMT, int BN>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    qgemm_ws_kernel(QWeight w, const __grid_constant__ CUtensorMap xmap, void* __restrict__ y, int ydt, int64_t ldy,
+                    int N, float* __restrict__ split_ws) {
+#ifdef SALA_QGEMM_WGMMA
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sbase = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  constexpr int kABytes = kBM * kBK * 2, kXBytes = stage_bytes(BN), kStage = ws_stage_bytes(FMT, BN);
+  constexpr int kAcc = BN / 2, S = ws_stages(BN);
+  // Barriers: full (the A tile decoded: 128 arrivals, + the x TMA's), empty (8 consumer warps), codes
+  // (one expect-tx arrival per producer warp).
+  const uint32_t full = sbase + uint32_t(S * kStage), empty = full + 8 * S, codes_bar = empty + 8 * S;
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int n0 = int(blockIdx.x) * BN;
+  const int total = int(w.in / kBK), z = int(blockIdx.z), zs = int(gridDim.z);
+  const int sbeg = int(int64_t(total) * z / zs), stages = int(int64_t(total) * (z + 1) / zs) - sbeg;
+  const int64_t row_blocks = (w.out + 15) / 16;
+  if (tid == 0) {
+    for (int i = 0; i < S; ++i) mbar_init(full + 8 * i, 129), mbar_init(empty + 8 * i, 8), mbar_init(codes_bar + 8 * i, 4);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the async proxy (TMA)
+  }
+  __syncthreads();
+
+  if (warp >= 8) {  // ---- producer: warp pw decodes row blocks 2·pw, 2·pw + 1 of the tile ----
+    const int pw = warp - 8;
+    constexpr int KT = tile_k(FMT), CT = kBK / KT;  // tiles per stage and row block: 2 (8-bit), 1 (Q4)
+    constexpr uint32_t kRbBytes = CT * kTileBytes;  // one row block's codes of a stage
+    const bool per_row = w.group == w.in;
+    const int64_t rb0 = int64_t(blockIdx.y) * (kBM / 16) + 2 * pw;
+    const int live = int(std::min<int64_t>(2, std::max<int64_t>(0, row_blocks - rb0)));  // padding row blocks: not copied
+    const uint8_t* wcodes = static_cast<const uint8_t*>(w.codes);
+    const int64_t ktiles = w.in / KT;
+    // Stage s's codes into slot s % S (lane 0; the slot's previous codes are decoded: __syncwarp).
+    auto load_codes = [&](int s) {
+      if (lane != 0 || s >= stages) return;
+      const uint32_t slot = sbase + uint32_t(s % S) * kStage + kABytes + kXBytes + uint32_t(2 * pw) * kRbBytes;
+      const uint32_t bar = codes_bar + 8 * uint32_t(s % S);
+      mbar_arrive_expect_tx(bar, uint32_t(live) * kRbBytes);
+      for (int r = 0; r < live; ++r)
+        bulk_load(slot + r * kRbBytes, wcodes + ((rb0 + r) * ktiles + int64_t(sbeg + s) * CT) * kTileBytes, kRbBytes, bar);
+    };
+    const float4* params[2];
 #pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
+    for (int r = 0; r < 2; ++r)
+      params[r] = reinterpret_cast<const float4*>(w.params) + (r < live ? rb0 + r : 0) * (w.in / w.group) * 8 + g;
+    // {s, b} of rows g, g + 8 per row block: per-row formats once; grouped ones a stage ahead.
+    auto load_params = [&](int s, float4 (&pp)[2]) {
+      if (s >= stages) return;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int n = n0 + 8 * j + 2 * t + (i & 1);
-      const int64_t o = row0 + 8 * (i >> 1);
-      if (n < N && o < w.out) {
-        if (split_ws)
-          split_ws[(int64_t(z) * N + n) * w.out + o] = acc[4 * j + i];
-        else if (ydt == kBF16)
-          static_cast<bf16*>(y)[int64_t(n) * ldy + o] = __float2bfloat16_rn(acc[4 * j + i]);
-        else
-          static_cast<float*>(y)[int64_t(n) * ldy + o] = acc[4 * j + i];
+      for (int r = 0; r < 2; ++r) pp[r] = ld_param(params[r] + int64_t(sbeg + s) * kBK / w.group * 8);
+    };
+    auto decode = [&](uint32_t stage, const float4 (&pp)[2]) {
+      const uint32_t a_tile = stage, code_slot = stage + kABytes + kXBytes + uint32_t(2 * pw) * kRbBytes + 16 * lane;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = (2 * pw + r) * 16 + g;
+        uint4 cc[CT];
+#pragma unroll
+        for (int i = 0; i < CT; ++i) cc[i] = ld_shared_v4(code_slot + uint32_t(r * kRbBytes + i * kTileBytes));
+        if constexpr (FMT == kQ4) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {  // word j: columns 16j + 4t + c of rows g, g + 8 (quant_layout.h)
+            const uint32_t wd = word_of(cc[0], j);
+#pragma unroll
+            for (int r8 = 0; r8 < 2; ++r8) {
+              const float s = r8 ? pp[r].z : pp[r].x, b = r8 ? pp[r].w : pp[r].y;
+              auto q = [&](int col) { return fmaf(s, int_f32((wd >> (4 * (r8 + 2 * (col >> 1) + 4 * (col & 1)))) & 0xFu), b); };
+              store_a4(a_tile, row + 8 * r8, 16 * j + 4 * t, q(0), q(1), q(2), q(3));
+            }
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < CT; ++i) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {  // word k: mma j = k >> 1, row g + 8·(k & 1), columns 16j + 4t ..
+              const uint32_t wd = word_of(cc[i], k);
+              const float s = (k & 1) ? pp[r].z : pp[r].x, b = (k & 1) ? pp[r].w : pp[r].y;
+              float v[4];
+              if constexpr (FMT == kQ8) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) v[e] = fmaf(s, q8_f32(wd, e), b);
+              } else {
+                const float2 lo = fp8x2_float2(wd, 0), hi = fp8x2_float2(wd, 1);
+                v[0] = s * lo.x, v[1] = s * lo.y, v[2] = s * hi.x, v[3] = s * hi.y;
+              }
+              store_a4(a_tile, row + 8 * (k & 1), 32 * i + 16 * (k >> 1) + 4 * t, v[0], v[1], v[2], v[3]);
+            }
+          }
+        }
+      }
+    };
+    // (One copy of the decode per loop below: the unrolled decode is long, and a kernel whose copies
+    // outgrow the instruction cache ran at two thirds of the speed.)
+    auto produce = [&](int s, const float4 (&pp)[2]) {
+      const uint32_t b = uint32_t(s % S), stage = sbase + b * uint32_t(kStage);
+      if (s >= S) mbar_wait(empty + 8 * b, uint32_t(s / S - 1) & 1u);  // consumers done with the A tile and x
+      if (warp == 8 && lane == 0) {  // x: one TMA copy, counted in bytes by the barrier
+        mbar_arrive_expect_tx(full + 8 * b, uint32_t(kXBytes));
+        tma_load_x(stage + kABytes, &xmap, (sbeg + s) * kBK, n0, full + 8 * b);
+      }
+      mbar_wait(codes_bar + 8 * b, uint32_t(s / S) & 1u);
+      decode(stage, pp);
+      fence_proxy_async();  // the A tile's generic-proxy stores, before wgmma's async-proxy reads
+      mbar_arrive(full + 8 * b);
+      __syncwarp();  // every lane has read its codes of the slot: refill it
+      load_codes(s + S);
+    };
+    for (int s = 0; s < S; ++s) load_codes(s);
+    float4 pa[2], pb[2];
+    load_params(0, pa);
+    if (FMT == kFP8 || per_row) {
+      for (int s = 0; s < stages; ++s) produce(s, pa);
+    } else if constexpr (FMT != kFP8) {
+      for (int s = 0; s < stages; s += 2) {
+        load_params(s + 1, pb);
+        produce(s, pa);
+        if (s + 1 >= stages) break;
+        load_params(s + 2, pa);
+        produce(s + 1, pb);
       }
     }
+    return;
   }
+
+  // ---- consumers: warpgroup cw multiplies rows 64·cw .. 64·cw + 63 of the tile ----
+  const int cw = warp >> 2;
+  float acc[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) keep(acc[i]);
+  for (int s = 0; s < stages; ++s) {
+    const uint32_t b = uint32_t(s % S), stage = sbase + b * uint32_t(kStage);
+    mbar_wait(full + 8 * b, uint32_t(s / S) & 1u);  // x landed (TMA) and the A tile is decoded
+    const uint64_t ad = b_desc(stage + uint32_t(cw * 64 * 128)), bd = b_desc(stage + kABytes);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_ss(acc, ad + uint64_t(2 * kk), bd + uint64_t(2 * kk));  // +32 B per k16
+    wgmma_commit();
+    wgmma_wait<1>();  // stage s − 1's wgmmas are done: release its buffer
+    if (s > 0 && lane == 0) mbar_arrive(empty + 8 * uint32_t((s - 1) % S));
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) keep(acc[i]);
+
+  const int64_t rb = int64_t(blockIdx.y) * (kBM / 16) + warp;
+  if (rb < row_blocks) store_acc<BN>(acc, rb, g, t, n0, z, w.out, N, y, ydt, ldy, split_ws);
 #else
   __trap();  // not built for sm_90a: qgemm_available() is false and nothing launches this
 #endif
@@ -461,6 +729,26 @@ __global__ void qgemm_split_reduce_kernel(const float* __restrict__ ws, int spli
   }
 }
 
+// x [N][in] bf16 (row stride ldx) as a TMA tensor, in boxes of 64 k × bn tokens with the 128-byte
+// swizzle the kernels' descriptors expect; rows past N read as zeros.
+CUtensorMap x_tensor_map(const void* x, int64_t ldx, int64_t in, int N, int bn) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    SALA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    SALA_CUDA_REQUIRE(fn && found == cudaDriverEntryPointSuccess, "qgemm: the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {cuuint64_t(in), cuuint64_t(N)}, strides[1] = {cuuint64_t(ldx) * 2};
+  const cuuint32_t box[2] = {cuuint32_t(kBK), cuuint32_t(bn)}, unit[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(x), dims, strides, box, unit,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  SALA_CUDA_REQUIRE(r == CUDA_SUCCESS, ("qgemm: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ")").c_str());
+  return map;
+}
+
 int sm_count() {
   static const int n = [] {
     int dev = 0, count = 0;
@@ -476,7 +764,7 @@ int sm_count() {
 // choice), else 256.
 int qgemm_tile_n(int N) {
   const int mode = qgemm_mode();
-  if (mode != 1 && mode != 5) return kBN;
+  if (mode != 1 && mode != 5 && mode != 6 && mode != 7) return kBN;
   return N <= 64 ? 64 : N <= 128 ? 128 : kBN;
 }
 
@@ -523,6 +811,14 @@ bool qgemm_available() {
                         qgemm_kernel<kQ4, kPipelined, 128>, qgemm_kernel<kFP8, kPipelined, 64>,
                         qgemm_kernel<kQ8, kPipelined, 64>, qgemm_kernel<kQ4, kPipelined, 64>})
       SALA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(kBN)));
+    auto ws_smem = [](int fmt, auto k256, auto k128, auto k64) {
+      SALA_CUDA_CHECK(cudaFuncSetAttribute(k256, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_smem_bytes(fmt, 256)));
+      SALA_CUDA_CHECK(cudaFuncSetAttribute(k128, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_smem_bytes(fmt, 128)));
+      SALA_CUDA_CHECK(cudaFuncSetAttribute(k64, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_smem_bytes(fmt, 64)));
+    };
+    ws_smem(kFP8, qgemm_ws_kernel<kFP8, 256>, qgemm_ws_kernel<kFP8, 128>, qgemm_ws_kernel<kFP8, 64>);
+    ws_smem(kQ8, qgemm_ws_kernel<kQ8, 256>, qgemm_ws_kernel<kQ8, 128>, qgemm_ws_kernel<kQ8, 64>);
+    ws_smem(kQ4, qgemm_ws_kernel<kQ4, 256>, qgemm_ws_kernel<kQ4, 128>, qgemm_ws_kernel<kQ4, 64>);
     return true;
   }();
   return available;
@@ -548,12 +844,23 @@ std::string qgemm_unfit(const QWeight& w, const void* x, int64_t ldx) {
 // 128-token tile at 128 rows: 63 and 23 µs, bench/results/2026-11-25-h100-qgemm-split.md). At 512
 // rows (split 2 ways) and at 2048 prompt rows it is 0.6–0.85× the dequantize path. (The packed
 // GEMV keeps N ≤ 64: cuda_quant.cpp.)
+//
+// The warp-specialized kernel (this session, bench/results/2026-11-26-h100-qgemm-ws.md) is 5–11%
+// faster than the pipelined one at 129–256 rows, and at 257–512 rows of the 64M-weight matrices
+// (16384×4096, 4096×16384) it beats dequantize + cuBLAS for 8-bit weights: fp8 139.5 against
+// 169.6 µs at 512 rows. At ≤ 128 rows the pipelined kernel is as fast or faster; at 2048 it stays
+// at ~510–545 TFLOP/s against ~650 effective for dequantize + cuBLAS.
+static bool qgemm_ws_preferred(const QWeight& w, int N) {
+  return N > 128 && (N <= kBN || (N <= 2 * kBN && w.fmt != kQ4 && w.out * w.in >= int64_t(16384) * 4096));
+}
+
 bool qgemm_preferred(const QWeight& w, int N) {
   const int mode = qgemm_mode();
   if (mode == 0) return false;
-  if (mode >= 2) return true;
+  if (mode >= 2 && mode <= 6) return true;
+  if (N > kBN) return mode == 1 && qgemm_ws_preferred(w, N);
   const int64_t ctas = qgemm_tiles(w, N) * qgemm_splits(w, N);
-  return N <= kBN && ctas * 4 >= sm_count() * 3;
+  return ctas * 4 >= sm_count() * 3;
 }
 
 void launch_qgemm(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty, int64_t ldy, int N, cudaStream_t st,
@@ -572,6 +879,19 @@ void launch_qgemm(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty,
   // at 128 and 256 rows, H100: 491 µs against 502–504 for skewed and overlapped; per case the
   // three are within 2–10% of each other) and at 2048 rows (448–469 TFLOP/s).
   const int mode = qgemm_mode();
+  if (mode == 6 || (mode == 1 && qgemm_ws_preferred(w, N))) {  // the warp-specialized kernel
+    auto ws = [&](auto kernel) {
+      kernel<<<grid, kWsThreads, ws_smem_bytes(w.fmt, bn), st>>>(w, x_tensor_map(x, ldx, w.in, N, bn), y, int(dty), ldy,
+                                                                 N, splits > 1 ? split_ws : nullptr);
+    };
+    auto by_tile = [&](auto k256, auto k128, auto k64) { bn == 256 ? ws(k256) : bn == 128 ? ws(k128) : ws(k64); };
+    switch (w.fmt) {
+      case kFP8: by_tile(qgemm_ws_kernel<kFP8, 256>, qgemm_ws_kernel<kFP8, 128>, qgemm_ws_kernel<kFP8, 64>); break;
+      case kQ8: by_tile(qgemm_ws_kernel<kQ8, 256>, qgemm_ws_kernel<kQ8, 128>, qgemm_ws_kernel<kQ8, 64>); break;
+      case kQ4: by_tile(qgemm_ws_kernel<kQ4, 256>, qgemm_ws_kernel<kQ4, 128>, qgemm_ws_kernel<kQ4, 64>); break;
+      default: SALA_CUDA_REQUIRE(false, "qgemm: unknown packed format");
+    }
+  } else {
   const int v = mode >= 2 && mode <= 5 ? mode - 2 : kPipelined;
   auto pick = [&](auto... kernels) {  // in Variant order
     int i = 0;
@@ -592,6 +912,7 @@ void launch_qgemm(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty,
       case kQ4: pick(qgemm_kernel<kQ4, 0>, qgemm_kernel<kQ4, 1>, qgemm_kernel<kQ4, 2>, qgemm_kernel<kQ4, 3>); break;
       default: SALA_CUDA_REQUIRE(false, "qgemm: unknown packed format");
     }
+  }
   }
   SALA_CUDA_LAUNCH("qgemm kernel");
   if (splits > 1) {
