@@ -201,7 +201,7 @@ int run_bench(int argc, char** argv) {
   }
 
   // SALA_BENCH_ONLY=qgemm: packed prompt products (TFLOP/s of 2·N·out·in) — the GEMM that decodes
-  // the codes in its load path (its four variants, quant_gemm.cu) against the dequantize +
+  // the codes in its load path (its five kernels, quant_gemm.cu) against the dequantize +
   // cuBLAS path and cuBLAS on the bf16 weight. SALA_BENCH_QGEMM="ROWS FORMAT N" (e.g. "16384 fp8
   // 2048") runs one case only, for a profiler.
   if (!all_sections && std::strcmp(only_env, "qgemm") == 0) {
@@ -242,7 +242,8 @@ int run_bench(int argc, char** argv) {
             std::snprintf(buf, sizeof buf, ", matmul %s %.1f (%.0f)", n <= 32 ? "GEMV" : "automatic", us, tf(us));
             line += buf;
           }
-          const char* names[] = {"dequant+cuBLAS", "", "staged", "overlapped", "skewed", "pipelined", "warp-specialized"};
+          const char* names[] = {"dequant+cuBLAS", "",          "staged",          "overlapped",
+                                 "skewed",         "pipelined", "warp-specialized"};
           be.set_use_gemv(false);  // these paths at any N (matmul takes ≤ 64 rows on the GEMV)
           for (int mode : {0, 2, 3, 4, 5, 6}) {
             sala::cuda::set_qgemm_mode(mode);

@@ -161,11 +161,12 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
     });
   }
   // The GEMM that decodes the codes in its load path (quant_gemm.cu), where it is the faster path:
-  // 33–256 rows of matrices whose tiles fill the GPU, 257–512 of 8-bit 64M-weight ones (qgemm_preferred). The decode GEMV takes up to
-  // 32 rows per launch (each decoded weight feeds 4 n-tiles of 8) and is bound by its instructions,
-  // so a second launch (33–64 rows) costs as much again: H100, 64 rows, fp8 4096×4096 39.5 µs on
-  // two GEMV launches against 19.9 for the fused GEMM's 64-token tile, 16384×4096 85.7 against
-  // 53.6; at 32 rows the one GEMV launch is as fast or faster (bench/results/2026-11-25-h100-qgemm-split.md).
+  // 33–256 rows of matrices whose tiles fill the GPU, 257–512 of 8-bit 64M-weight ones
+  // (qgemm_preferred). The decode GEMV takes up to 32 rows per launch (each decoded weight feeds 4
+  // n-tiles of 8) and is bound by its instructions, so a second launch (33–64 rows) costs as much
+  // again: H100, 64 rows, fp8 4096×4096 39.5 µs on two GEMV launches against 19.9 for the fused
+  // GEMM's 64-token tile, 16384×4096 85.7 against 53.6; at 32 rows the one GEMV launch is as fast or
+  // faster (bench/results/2026-11-25-h100-qgemm-split.md).
   // A shape or build the GEMM cannot take says why, once, and keeps the GEMV (≤ 64 rows) or the
   // dequantize path.
   const bool gemv_fits = use_gemv_ && N <= kPackedGemvMaxRows;

@@ -144,8 +144,9 @@ void launch_qgemv(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty,
 // dequantize kernel's bf16 weights, fp32 sums. x bf16 rows of ldx elements; y bf16 or f32.
 // qgemm_preferred: whether it is the faster path for this product (measured crossover;
 // SALA_CUDA_QGEMM / set_qgemm_mode: 0 never, 1 automatic, 2–6 always, the staged / overlapped /
-// skewed / pipelined variant or the warp-specialized kernel — tests, benchmarks); qgemm_unfit says why a shape or build cannot
-// take it (empty: it can); qgemm_available: the build has sm_90a code for this GPU.
+// skewed / pipelined variant or the warp-specialized kernel, 7 automatic without the latter — tests,
+// benchmarks); qgemm_unfit says why a shape or build cannot take it (empty: it can);
+// qgemm_available: the build has sm_90a code for this GPU.
 bool qgemm_preferred(const QWeight& w, int N);
 bool qgemm_available();
 std::string qgemm_unfit(const QWeight& w, const void* x, int64_t ldx);

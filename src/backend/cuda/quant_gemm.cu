@@ -28,9 +28,9 @@
 //
 // The warp-specialized kernel (qgemm_ws_kernel, below) moves the decode to a producer warpgroup
 // that writes the bf16 A tile to shared memory; x and the codes arrive by TMA / bulk copies. It
-// runs at 500–545 TFLOP/s at 2048 rows for 8-bit weights (~65% of cuBLAS; without the decode
-// 690–775: the decode, one producer warpgroup's ALU work, is its limit) and is the automatic choice
-// at 129–512 rows (qgemm_ws_preferred).
+// runs at 506–543 TFLOP/s at 2048 rows for 8-bit weights (~65% of cuBLAS; without the decode
+// 674–775: the decode, one producer warpgroup's ALU work, is its limit) and is the automatic choice
+// at 129–512 rows (qgemm_ws_preferred; bench/results/2026-11-26-h100-qgemm-ws.md).
 //
 // Split K: a 4096-row matrix has 32 row tiles, so at one token tile (N ≤ 256, batched decode) the
 // grid would leave ~3/4 of the SMs idle. There the K range is split over gridDim.z CTAs per tile
@@ -516,7 +516,9 @@ constexpr int ws_code_bytes(int fmt) { return kBM / 16 * (kBK / tile_k(fmt)) * k
 constexpr int ws_stage_bytes(int fmt, int bn) { return kBM * kBK * 2 + stage_bytes(bn) + ws_code_bytes(fmt); }
 // One CTA per SM (384 threads take up to 168 registers each); stages to fill ~200–225 KiB.
 constexpr int ws_stages(int bn) { return bn == 256 ? 4 : bn == 128 ? 5 : 6; }
-constexpr int ws_smem_bytes(int fmt, int bn) { return ws_stages(bn) * ws_stage_bytes(fmt, bn) + 1024 + 24 * ws_stages(bn); }
+constexpr int ws_smem_bytes(int fmt, int bn) {
+  return ws_stages(bn) * ws_stage_bytes(fmt, bn) + 1024 + 24 * ws_stages(bn);  // + alignment, 3 barriers a stage
+}
 static_assert(ws_smem_bytes(kFP8, 256) <= 227 * 1024, "the 256-token ring must fit an SM's shared memory");
 
 #ifdef SALA_QGEMM_WGMMA
@@ -526,8 +528,8 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 // TMA: a 2-D box of x (64 k × BN tokens) into shared memory; its bytes complete the barrier's transaction.
 __device__ __forceinline__ void tma_load_x(uint32_t dst, const CUtensorMap* map, int k, int n, uint32_t bar) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(n), "r"(bar)
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(n), "r"(bar)
       : "memory");
 }
 // A contiguous bulk copy (16-byte multiples) into shared memory, completing bytes on the barrier.
@@ -570,7 +572,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int sbeg = int(int64_t(total) * z / zs), stages = int(int64_t(total) * (z + 1) / zs) - sbeg;
   const int64_t row_blocks = (w.out + 15) / 16;
   if (tid == 0) {
-    for (int i = 0; i < S; ++i) mbar_init(full + 8 * i, 129), mbar_init(empty + 8 * i, 8), mbar_init(codes_bar + 8 * i, 4);
+    for (int i = 0; i < S; ++i)
+      mbar_init(full + 8 * i, 129), mbar_init(empty + 8 * i, 8), mbar_init(codes_bar + 8 * i, 4);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the async proxy (TMA)
   }
   __syncthreads();
@@ -581,7 +584,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     constexpr uint32_t kRbBytes = CT * kTileBytes;  // one row block's codes of a stage
     const bool per_row = w.group == w.in;
     const int64_t rb0 = int64_t(blockIdx.y) * (kBM / 16) + 2 * pw;
-    const int live = int(std::min<int64_t>(2, std::max<int64_t>(0, row_blocks - rb0)));  // padding row blocks: not copied
+    // Row blocks past the matrix (the last tile's padding) are not copied: their A rows hold stale
+    // values, and their outputs are never stored.
+    const int live = int(std::min<int64_t>(2, std::max<int64_t>(0, row_blocks - rb0)));
     const uint8_t* wcodes = static_cast<const uint8_t*>(w.codes);
     const int64_t ktiles = w.in / KT;
     // Stage s's codes into slot s % S (lane 0; the slot's previous codes are decoded: __syncwarp).
@@ -591,7 +596,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       const uint32_t bar = codes_bar + 8 * uint32_t(s % S);
       mbar_arrive_expect_tx(bar, uint32_t(live) * kRbBytes);
       for (int r = 0; r < live; ++r)
-        bulk_load(slot + r * kRbBytes, wcodes + ((rb0 + r) * ktiles + int64_t(sbeg + s) * CT) * kTileBytes, kRbBytes, bar);
+        bulk_load(slot + r * kRbBytes, wcodes + ((rb0 + r) * ktiles + int64_t(sbeg + s) * CT) * kTileBytes, kRbBytes,
+                  bar);
     };
     const float4* params[2];
 #pragma unroll
@@ -618,7 +624,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #pragma unroll
             for (int r8 = 0; r8 < 2; ++r8) {
               const float s = r8 ? pp[r].z : pp[r].x, b = r8 ? pp[r].w : pp[r].y;
-              auto q = [&](int col) { return fmaf(s, int_f32((wd >> (4 * (r8 + 2 * (col >> 1) + 4 * (col & 1)))) & 0xFu), b); };
+              auto q = [&](int col) {
+                return fmaf(s, int_f32((wd >> (4 * (r8 + 2 * (col >> 1) + 4 * (col & 1)))) & 0xFu), b);
+              };
               store_a4(a_tile, row + 8 * r8, 16 * j + 4 * t, q(0), q(1), q(2), q(3));
             }
           }
@@ -742,10 +750,12 @@ CUtensorMap x_tensor_map(const void* x, int64_t ldx, int64_t in, int N, int bn) 
   CUtensorMap map;
   const cuuint64_t dims[2] = {cuuint64_t(in), cuuint64_t(N)}, strides[1] = {cuuint64_t(ldx) * 2};
   const cuuint32_t box[2] = {cuuint32_t(kBK), cuuint32_t(bn)}, unit[2] = {1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(x), dims, strides, box, unit,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  SALA_CUDA_REQUIRE(r == CUDA_SUCCESS, ("qgemm: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ")").c_str());
+  const CUresult r =
+      encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(x), dims, strides, box, unit,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const std::string why = "qgemm: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ")";
+  SALA_CUDA_REQUIRE(r == CUDA_SUCCESS, why.c_str());
   return map;
 }
 
