@@ -282,8 +282,8 @@ GroupRun run_group(Backend& b, const std::vector<Weight>& ws, const std::vector<
 // CTA for N ≤ 8: another fp32 summation order), so there only fixed warp counts must agree.
 // The prompt GEMM that decodes codes in its load path (quant_gemm.cu) against the dequantize +
 // cuBLAS path (the same bf16 weights: f32 outputs differ only in the order of the fp32 sums) and
-// the CPU: the kernel's five variants (staged, overlapped, skewed, pipelined, warp-specialized), token counts around
-// its 256-token tile, row counts around its 128-row tile, per-row and grouped formats.
+// the CPU: its five kernels (staged, overlapped, skewed, pipelined, warp-specialized), token counts
+// around its 256-token tile, row counts around its 128-row tile, per-row and grouped formats.
 void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
   if (!cuda::qgemm_available()) {
     check(false, "qgemm: sm_90a code", "this build or GPU has no wgmma kernel (CMAKE_CUDA_ARCHITECTURES=90a, Hopper)");
@@ -315,7 +315,7 @@ void test_qgemm(CpuBackend& cpu, CudaBackend& gpu) {
       cuda::set_qgemm_mode(0);  // dequantize + cuBLAS
       const auto deq = run_matmul(gpu, wg, x, n, DType::BF16, DType::F32);
       const auto deq16 = run_matmul(gpu, wg, x, n, DType::BF16, DType::BF16);
-      for (int mode : {1, 2, 3, 4, 5, 6}) {  // 1: the automatic choice (the kernel at ≤ 256 rows of 16384+)
+      for (int mode : {1, 2, 3, 4, 5, 6}) {  // 1: the automatic choice (qgemm_preferred, else dequantize)
         cuda::set_qgemm_mode(mode);
         // The split count depends on the kernel (CTAs per SM): the name says the one that ran.
         const int vsplits = cuda::qgemm_splits(qw, int(n));
