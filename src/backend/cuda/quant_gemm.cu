@@ -737,16 +737,26 @@ __global__ void qgemm_split_reduce_kernel(const float* __restrict__ ws, int spli
   }
 }
 
-// x [N][in] bf16 (row stride ldx) as a TMA tensor, in boxes of 64 k × bn tokens with the 128-byte
-// swizzle the kernels' descriptors expect; rows past N read as zeros.
-CUtensorMap x_tensor_map(const void* x, int64_t ldx, int64_t in, int N, int bn) {
+// The driver's tensor-map encoder (null if it has none), looked up once by qgemm_available — at the
+// first packed load, outside any graph capture.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    SALA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-    SALA_CUDA_REQUIRE(fn && found == cudaDriverEntryPointSuccess, "qgemm: the driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+    const cudaError_t e =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+    return e == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
+               : nullptr;
   }();
+  return encode;
+}
+
+// x [N][in] bf16 (row stride ldx) as a TMA tensor, in boxes of 64 k × bn tokens with the 128-byte
+// swizzle the kernels' descriptors expect; rows past N read as zeros.
+CUtensorMap x_tensor_map(const void* x, int64_t ldx, int64_t in, int N, int bn) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  SALA_CUDA_REQUIRE(encode, "qgemm: the driver has no cuTensorMapEncodeTiled (check qgemm_available first)");
   CUtensorMap map;
   const cuuint64_t dims[2] = {cuuint64_t(in), cuuint64_t(N)}, strides[1] = {cuuint64_t(ldx) * 2};
   const cuuint32_t box[2] = {cuuint32_t(kBK), cuuint32_t(bn)}, unit[2] = {1, 1};
@@ -754,8 +764,10 @@ CUtensorMap x_tensor_map(const void* x, int64_t ldx, int64_t in, int N, int bn) 
       encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(x), dims, strides, box, unit,
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  const std::string why = "qgemm: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ")";
-  SALA_CUDA_REQUIRE(r == CUDA_SUCCESS, why.c_str());
+  if (r != CUDA_SUCCESS) {
+    const std::string why = "qgemm: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ")";
+    SALA_CUDA_REQUIRE(false, why.c_str());
+  }
   return map;
 }
 
@@ -812,7 +824,7 @@ bool qgemm_available() {
     const bool ok = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
     cudaFree(d);
     cudaGetLastError();  // a device this build has no code for: the probe fails, the path stays off
-    if (!ok || h != 1) return false;
+    if (!ok || h != 1 || !tensor_map_encoder()) return false;
     for (auto kernel : {qgemm_kernel<kFP8, kStaged>, qgemm_kernel<kFP8, kOverlapped>, qgemm_kernel<kFP8, kSkewed>,
                         qgemm_kernel<kFP8, kPipelined>, qgemm_kernel<kQ8, kStaged>, qgemm_kernel<kQ8, kOverlapped>,
                         qgemm_kernel<kQ8, kSkewed>, qgemm_kernel<kQ8, kPipelined>, qgemm_kernel<kQ4, kStaged>,
@@ -836,8 +848,8 @@ bool qgemm_available() {
 
 std::string qgemm_unfit(const QWeight& w, const void* x, int64_t ldx) {
   if (!qgemm_available())
-    return "this build has no sm_90a code for this GPU (the fused packed GEMM needs Hopper and "
-           "CMAKE_CUDA_ARCHITECTURES=90a)";
+    return "this build has no sm_90a code for this GPU, or its driver no cuTensorMapEncodeTiled (the fused "
+           "packed GEMM needs Hopper, CMAKE_CUDA_ARCHITECTURES=90a and a CUDA 12+ driver)";
   if (w.in % kBK != 0) return "the input width " + std::to_string(w.in) + " is not a multiple of 64";
   if (w.group != w.in && w.group % kBK != 0)
     return "groups of " + std::to_string(w.group) + " columns (the fused packed GEMM takes multiples of 64)";
