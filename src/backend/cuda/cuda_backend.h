@@ -236,7 +236,7 @@ class CudaBackend final : public Backend {
   DeviceArena qscratch_;   // packed weights: row blocks dequantized to bf16 for cuBLAS (fixed size)
   DeviceArena fp8x_;       // --fp8-prefill: activations as e4m3 rows, then their scales
   DeviceArena qsplit_;     // packed 9–32-row products of few rows: the column split's partial sums
-  DeviceArena qgemm_split_;  // the fused packed GEMM's K-split partial sums (4096-row matrices, N ≤ 256)
+  DeviceArena qgemm_split_;  // the fused packed GEMM's K-split partial sums (4096-row matrices, N ≤ 512)
   DeviceArena sel_;        // selection lists
   DeviceArena scores_;     // stage-1 chunk scores
   DeviceArena keys_;       // pooled block keys

@@ -1,11 +1,11 @@
 // CUDA backend: packed weights (docs/quantization.md). Loading uploads the canonical codes and
 // tiles them on the device (quant_layout.h), random packed weights are generated on the device,
 // and matmul runs the packed decode GEMV for N ≤ 32 (quant_gemv.cu; matmul_group: one grouped
-// launch); on Hopper, for 33–256 rows of matrices whose tiles fill the GPU, the GEMM that decodes
-// the codes in its load path (quant_gemm.cu); the GEMV in two launches for other products of ≤ 64
-// rows; above, row blocks dequantized into a fixed bf16 scratch that cuBLAS multiplies. With --fp8-prefill,
-// per-row FP8 weights multiply prefill rows in fp8 instead (cuBLASLt, activations quantized per
-// row: W8A8).
+// launch); on Hopper, for 33–256 rows of matrices whose tiles fill the GPU (257–512 of 8-bit
+// 64M-weight ones), the GEMM that decodes the codes in its load path (quant_gemm.cu); the GEMV in
+// two launches for other products of ≤ 64 rows; above, row blocks dequantized into a fixed bf16
+// scratch that cuBLAS multiplies. With --fp8-prefill, per-row FP8 weights multiply prefill rows
+// in fp8 instead (cuBLASLt, activations quantized per row: W8A8).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
@@ -51,7 +51,6 @@ constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 // Rows a packed product takes on the decode GEMV: one launch of up to 32; up to two (64 rows)
 // where the fused GEMM does not take the product (see matmul_packed).
 constexpr int64_t kPackedGemvLaunchRows = 32, kPackedGemvMaxRows = 64;
-
 
 // What the tile layout and the GEMV need; checked at load with the tensor's name.
 void check_packable(WeightFormat f, int64_t rows, int64_t cols, int64_t group, const std::string& name) {

@@ -80,134 +80,68 @@ int qgemm_mode() {
 
 #ifdef SALA_QGEMM_WGMMA  // the device code of an sm_90a pass (the kernel's body is empty elsewhere)
 
-// wgmma.mma_async m64n256k16, bf16 × bf16 → f32: A (64×16) from registers, B (16×256, K-major,
-// 128-byte swizzle) from shared memory through its descriptor; d += A·B (operand list generated).
-__device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %133, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-      "{%128, %129, %130, %131}, %132, p, 1, 1, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-
-// The same with n = 128 (64 accumulators): token tiles of ≤ 128 rows (batched decode of 65–128
-// sequences) do not multiply 128 padding rows.
-__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-// And n = 64 (32 accumulators), for products of ≤ 64 rows.
-__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-template <int BN>
-__device__ __forceinline__ void wgmma_rs(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t desc) {
-  if constexpr (BN == 256) wgmma_m64n256k16_rs(d, a, desc);
-  else if constexpr (BN == 128) wgmma_m64n128k16_rs(d, a, desc);
-  else wgmma_m64n64k16_rs(d, a, desc);
-}
-
-// The same products with A from shared memory as well (the warp-specialized kernel: a producer
-// warpgroup writes the decoded bf16 weight tile, K-major with the 128-byte swizzle, like x).
+// wgmma.mma_async m64nNk16, bf16 × bf16 → f32, d += A·B: B (16×N, K-major, 128-byte swizzle)
+// from shared memory through its descriptor; A (64×16) from registers (_rs: the register-A
+// kernels) or from shared memory as well (_ss: the warp-specialized kernel, whose producer writes
+// the decoded bf16 weight tile K-major with the same swizzle). N = 256 / 128 / 64: 128 / 64 / 32
+// accumulators per thread (the narrower tiles multiply no padding rows). The operand lists are
+// spelled once here; scale-d is the predicate p (always 1: accumulate).
 #define SALA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                      "+f"(d[i + 6]), "+f"(d[i + 7])
 #define SALA_ACC32(i) SALA_ACC8(i), SALA_ACC8(i + 8), SALA_ACC8(i + 16), SALA_ACC8(i + 24)
+#define SALA_D0_31                                                                                         \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define SALA_D32_63                                                                                             \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+  "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define SALA_D64_127                                                                                             \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, "  \
+  "%85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, " \
+  "%105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, "     \
+  "%122, %123, %124, %125, %126, %127"
+#define SALA_A_REGS "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
+
+__device__ __forceinline__ void wgmma_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\nwgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+               "{" SALA_D0_31 ", " SALA_D32_63 ", " SALA_D64_127 "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+               : SALA_ACC32(0), SALA_ACC32(32), SALA_ACC32(64), SALA_ACC32(96)
+               : SALA_A_REGS, "l"(desc), "r"(1));
+}
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+               "{" SALA_D0_31 ", " SALA_D32_63 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+               : SALA_ACC32(0), SALA_ACC32(32)
+               : SALA_A_REGS, "l"(desc), "r"(1));
+}
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+               "{" SALA_D0_31 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+               : SALA_ACC32(0)
+               : SALA_A_REGS, "l"(desc), "r"(1));
+}
 __device__ __forceinline__ void wgmma_ss(float (&d)[128], uint64_t adesc, uint64_t bdesc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-      "%128, %129, p, 1, 1, 0, 0;\n}\n"
-      : SALA_ACC32(0), SALA_ACC32(32), SALA_ACC32(64), SALA_ACC32(96)
-      : "l"(adesc), "l"(bdesc), "r"(1));
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\nwgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+               "{" SALA_D0_31 ", " SALA_D32_63 ", " SALA_D64_127 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+               : SALA_ACC32(0), SALA_ACC32(32), SALA_ACC32(64), SALA_ACC32(96)
+               : "l"(adesc), "l"(bdesc), "r"(1));
 }
 __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t adesc, uint64_t bdesc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n}\n"
-      : SALA_ACC32(0), SALA_ACC32(32)
-      : "l"(adesc), "l"(bdesc), "r"(1));
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+               "{" SALA_D0_31 ", " SALA_D32_63 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+               : SALA_ACC32(0), SALA_ACC32(32)
+               : "l"(adesc), "l"(bdesc), "r"(1));
 }
 __device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t adesc, uint64_t bdesc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"
-      : SALA_ACC32(0)
-      : "l"(adesc), "l"(bdesc), "r"(1));
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+               "{" SALA_D0_31 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+               : SALA_ACC32(0)
+               : "l"(adesc), "l"(bdesc), "r"(1));
 }
+#undef SALA_A_REGS
+#undef SALA_D64_127
+#undef SALA_D32_63
+#undef SALA_D0_31
 #undef SALA_ACC32
 #undef SALA_ACC8
 
@@ -305,6 +239,17 @@ __device__ __forceinline__ void decode_step(const uint4 (&c)[CT], const float4& 
   }
 }
 
+// This CTA's share of the 64-k stages of an input width `in`: [first, first + count), all of them
+// unless K is split over gridDim.z CTAs (blockIdx.z: this one).
+struct KRange {
+  int first, count;
+};
+__device__ __forceinline__ KRange k_range(int64_t in) {
+  const int64_t total = in / kBK, z = blockIdx.z, zs = gridDim.z;
+  const int first = int(total * z / zs);
+  return {first, int(total * (z + 1) / zs) - first};
+}
+
 // A warp's accumulators of row block rb into y (bf16 / f32) or, with a K split, into its split's
 // fp32 partial sums. Accumulator 4j + {0, 1, 2, 3}: rows g, g, g+8, g+8 × tokens 8j + 2t, 8j + 2t + 1.
 template <int BN>
@@ -372,8 +317,9 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(BN))
   constexpr int KT = tile_k(FMT), CT = kBK / KT;  // tiles per stage: 2 (8-bit) or 1 (Q4)
   // This CTA's stages [sbeg, sbeg + stages) of K (all of them unless split); s below counts from
   // sbeg (ring buffers and barrier phases), addresses use sbeg + s.
-  const int total = int(w.in / kBK), z = int(blockIdx.z), zs = int(gridDim.z);
-  const int sbeg = int(int64_t(total) * z / zs), stages = int(int64_t(total) * (z + 1) / zs) - sbeg;
+  const int z = int(blockIdx.z);
+  const KRange kr = k_range(w.in);
+  const int sbeg = kr.first, stages = kr.count;
   const bool per_row = w.group == w.in;
   const uint4* codes = static_cast<const uint4*>(w.codes) + (live ? rb : 0) * (w.in / KT) * 32 + lane;
   const float4* params = reinterpret_cast<const float4*>(w.params) + (live ? rb : 0) * (w.in / w.group) * 8 + g;
@@ -448,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(BN))
     const uint64_t desc = b_desc(sbase + b * kStageBytes);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_rs<BN>(acc, frag[kk], desc + uint64_t(2 * kk));  // +32 B per k16
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs(acc, frag[kk], desc + uint64_t(2 * kk));  // +32 B per k16
     wgmma_commit();
   };
 
@@ -568,8 +514,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const uint32_t full = sbase + uint32_t(S * kStage), empty = full + 8 * S, codes_bar = empty + 8 * S;
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int n0 = int(blockIdx.x) * BN;
-  const int total = int(w.in / kBK), z = int(blockIdx.z), zs = int(gridDim.z);
-  const int sbeg = int(int64_t(total) * z / zs), stages = int(int64_t(total) * (z + 1) / zs) - sbeg;
+  const int z = int(blockIdx.z);
+  const KRange kr = k_range(w.in);
+  const int sbeg = kr.first, stages = kr.count;
   const int64_t row_blocks = (w.out + 15) / 16;
   if (tid == 0) {
     for (int i = 0; i < S; ++i)
