@@ -259,20 +259,29 @@ class Backend {
   virtual void reset_memory_peak() {}  // e.g. after a benchmark's own scratch buffers are freed
 
   // `--fp8-prefill` (docs/quantization.md "fp8 prefill"): products of per-row FP8 weights with at
-  // least kFp8PrefillMinRows rows (prompt chunks; decode steps of more than 64 sequences) quantize
+  // least kW8A8PrefillMinRows rows (prompt chunks; decode steps of more than 64 sequences) quantize
   // each activation row to e4m3 with its own scale and multiply in fp8 (W8A8: y = s_x·s_w·Σ q_x·q_w);
   // fewer rows (decode, speculative verification of up to 64 rows) keep the weight-only product.
   // Off by default. A backend that cannot run it says so here.
   virtual void set_fp8_prefill(bool on) { fp8_prefill_ = on; }
   bool fp8_prefill() const { return fp8_prefill_; }
+  // `--int8-prefill`: the same for int8 weights with one scale per row (`sala quantize --format
+  // int8`): each activation row quantized to int8 (s_x = max|x| / 127, round to nearest even),
+  // exact int32 products on int8 tensor cores, y = s_w·s_x·Σ q_x·q_w + c_w·s_x·Σ q_x, where
+  // c_w = 128·s_w + b_w is zero for symmetric rows (b_w = −128·s_w) and carries an affine row's
+  // offset. Grouped int8 (MLX) keeps the weight-only product. Off by default.
+  virtual void set_int8_prefill(bool on) { int8_prefill_ = on; }
+  bool int8_prefill() const { return int8_prefill_; }
 
  protected:
   bool fp8_prefill_ = false;
+  bool int8_prefill_ = false;
 };
 
-// Fewest rows of a product that `--fp8-prefill` quantizes: above the 64 rows the packed decode
-// GEMV takes (CUDA), so decode batches of up to 64 rows never see activation rounding.
-constexpr int64_t kFp8PrefillMinRows = 65;
+// Fewest rows of a product that `--fp8-prefill` and `--int8-prefill` quantize: above the 64 rows
+// the packed decode GEMV takes (CUDA), so decode batches of up to 64 rows never see activation
+// rounding.
+constexpr int64_t kW8A8PrefillMinRows = 65;
 
 // Backends available in this build: "cpu", and "cuda" when compiled with CUDA.
 // batch_invariant: results of a row independent of the rest of the batch (CPU: f32 in a fixed

@@ -152,10 +152,11 @@ Runner setup(CLI::App& app) {
                  (long long)(o->positions - o->decode), (long long)o->chunk, (long long)o->decode, secs(t0));
     ThreadPool pool;
     nlohmann::json rows = nlohmann::json::array();
-    std::printf("model: %s, backend %s, %lld positions (%s), lm_head %s%s\n", label.c_str(),
+    std::printf("model: %s, backend %s, %lld positions (%s), lm_head %s%s%s\n", label.c_str(),
                 backend->name().c_str(), (long long)o->positions, o->text.empty() ? "random ids" : o->text.c_str(),
                 o->lm_head ? "quantized" : "kept dense",
-                backend->fp8_prefill() ? ", fp8 prefill (W8A8 prompt chunks for fp8)" : "");
+                backend->fp8_prefill() ? ", fp8 prefill (W8A8 prompt chunks for fp8)" : "",
+                backend->int8_prefill() ? ", int8 prefill (W8A8 prompt chunks for int8)" : "");
     std::printf("| format | bytes/param | logit rel. error | top-1 agreement | mean KL | max KL |\n");
     std::printf("|---|---|---|---|---|---|\n");
     for (const Format& f : formats) {
@@ -178,7 +179,8 @@ Runner setup(CLI::App& app) {
       SALA_CHECK(bool(f), "quant-quality: cannot write '{}'", o->json);
       f << nlohmann::json{{"model", label}, {"backend", backend->name()}, {"positions", o->positions},
                           {"chunk", o->chunk}, {"decode", o->decode}, {"text", o->text},
-                          {"fp8_prefill", backend->fp8_prefill()}, {"rows", rows}}
+                          {"fp8_prefill", backend->fp8_prefill()}, {"int8_prefill", backend->int8_prefill()},
+                          {"rows", rows}}
                .dump(2)
         << "\n";
     }

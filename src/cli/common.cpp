@@ -20,6 +20,9 @@ void BackendOptions::add(CLI::App& app) {
   app.add_flag("--fp8-prefill", fp8_prefill,
                "FP8 checkpoints: prefill products (65+ rows) quantize each activation row to e4m3 and run on fp8 "
                "tensor cores (W8A8: faster prefill, a little more error; decode batches of up to 64 rows stay weight-only)");
+  app.add_flag("--int8-prefill", int8_prefill,
+               "int8 checkpoints (one scale per row): prefill products (65+ rows) quantize each activation row to int8 "
+               "and run on int8 tensor cores (W8A8; decode batches of up to 64 rows stay weight-only)");
 }
 
 std::unique_ptr<Backend> BackendOptions::make() const {
@@ -30,6 +33,7 @@ std::unique_ptr<Backend> BackendOptions::make() const {
   }
   auto b = make_backend(name, threads, deterministic);
   if (fp8_prefill) b->set_fp8_prefill(true);
+  if (int8_prefill) b->set_int8_prefill(true);
   return b;
 }
 
@@ -42,7 +46,23 @@ void print_weight_notes(const ModelConfig& config, const ModelWeights& w, Backen
     for (const auto& l : w.layers) fp8 = fp8 || l.gate.format == WeightFormat::FP8 || l.o.format == WeightFormat::FP8;
     std::fprintf(stderr, fp8 ? "fp8 prefill: on (products of %lld+ rows quantize activations to e4m3 per row)\n"
                              : "warning: --fp8-prefill has no effect: the model has no FP8 weights\n",
-                 static_cast<long long>(kFp8PrefillMinRows));
+                 static_cast<long long>(kW8A8PrefillMinRows));
+  }
+  if (backend.int8_prefill()) {
+    int per_row = 0, grouped = 0;
+    auto count = [&](const Weight& m) {
+      if (m.format == WeightFormat::Q8) ++(m.group == m.in() ? per_row : grouped);
+    };
+    count(w.lm_head);
+    for (const auto& l : w.layers)
+      for (const Weight* m : {&l.q, &l.k, &l.v, &l.z, &l.o_gate, &l.o, &l.gate, &l.up, &l.down}) count(*m);
+    if (per_row == 0)
+      std::fprintf(stderr, "warning: --int8-prefill has no effect: the model has no int8 weights with one scale per "
+                           "row%s\n", grouped ? " (its int8 weights are grouped, e.g. MLX: they stay weight-only)" : "");
+    else
+      std::fprintf(stderr, "int8 prefill: on for %d int8 matrices (products of %lld+ rows quantize activations to "
+                           "int8 per row)%s\n", per_row, static_cast<long long>(kW8A8PrefillMinRows),
+                   grouped ? "; grouped int8 matrices stay weight-only" : "");
   }
 }
 

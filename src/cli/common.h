@@ -24,11 +24,12 @@ struct BackendOptions {
   int threads = 0;
   bool deterministic = false;  // batch-invariant numerics (CPU and CUDA backends)
   bool fp8_prefill = false;    // prefill products of FP8 weights in fp8 (W8A8, Backend::set_fp8_prefill)
+  bool int8_prefill = false;   // prefill products of per-row int8 weights in int8 (W8A8, Backend::set_int8_prefill)
   void add(CLI::App& app);
   std::unique_ptr<Backend> make() const;
 };
 
-// How a model's matrices are held (packed formats) and whether --fp8-prefill applies, to stderr.
+// How a model's matrices are held (packed formats) and whether --fp8-prefill / --int8-prefill apply, to stderr.
 void print_weight_notes(const ModelConfig& config, const ModelWeights& w, Backend& backend);
 
 // Loads a model and prints the random-weights notice to stderr when it applies.

@@ -77,6 +77,19 @@ awk -F'|' '{ exit !($4 > 0 && $4 < 0.3 && $5 > 0.5) }' <<<"$w8a8" || fail "--fp8
 grep -q "fp8 prefill: on" "$tmp/pf.err" || fail "fp8 model: no fp8 prefill note: $(cat "$tmp/pf.err")"
 "$SALA" logits "$tmp/int8" --tokens 1,5,6 --fp8-prefill --out "$tmp/pf8.npy" 2>"$tmp/pf8.err" || fail "int8 --fp8-prefill"
 grep -q "warning: --fp8-prefill has no effect" "$tmp/pf8.err" || fail "int8 model: no warning: $(cat "$tmp/pf8.err")"
+# --int8-prefill: the same for int8 (one scale per row); fp8 models get a warning.
+out=$("$SALA" quant-quality "$tmp/f32" --formats int8 --positions 200 --chunk 100 --decode 4 --backend cpu \
+  --int8-prefill 2>/dev/null) || fail "quant-quality --int8-prefill"
+grep -q "int8 prefill (W8A8" <<<"$out" || fail "--int8-prefill not in the header: $out"
+w8a8=$(grep "^| int8 |" <<<"$out")
+wo=$("$SALA" quant-quality "$tmp/f32" --formats int8 --positions 200 --chunk 100 --decode 4 --backend cpu 2>/dev/null |
+  grep "^| int8 |")
+[ "$w8a8" != "$wo" ] || fail "--int8-prefill changed nothing: $w8a8"
+awk -F'|' '{ exit !($4 > 0 && $4 < 0.3 && $5 > 0.5) }' <<<"$w8a8" || fail "--int8-prefill row: $w8a8"
+"$SALA" logits "$tmp/int8" --tokens 1,5,6 --int8-prefill --out "$tmp/pi.npy" 2>"$tmp/pi.err" || fail "logits --int8-prefill"
+grep -q "int8 prefill: on for" "$tmp/pi.err" || fail "int8 model: no int8 prefill note: $(cat "$tmp/pi.err")"
+"$SALA" logits "$tmp/fp8" --tokens 1,5,6 --int8-prefill --out "$tmp/pi8.npy" 2>"$tmp/pi8.err" || fail "fp8 --int8-prefill"
+grep -q "warning: --int8-prefill has no effect" "$tmp/pi8.err" || fail "fp8 model: no warning: $(cat "$tmp/pi8.err")"
 ! "$SALA" quant-quality "$tmp/f32" --formats int5 2>"$tmp/err" || fail "quant-quality: int5 accepted"
 grep -q "unknown format 'int5'" "$tmp/err" || fail "quant-quality format message: $(cat "$tmp/err")"
 ! "$SALA" quant-quality "$tmp/int8" 2>"$tmp/err" || fail "quant-quality: quantized MODEL accepted"

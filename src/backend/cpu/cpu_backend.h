@@ -69,6 +69,7 @@ class CpuBackend final : public Backend {
   // y = x · Wᵀ for a packed W, decoding rows on the fly (cpu_quant_matmul.cpp).
   void matmul_packed(const Mat& x, const Weight& w, Mat y);
   void matmul_fp8_activations(const Mat& x, const Weight& w, Mat y);  // --fp8-prefill (cpu_quant_matmul.cpp)
+  void matmul_int8_activations(const Mat& x, const Weight& w, Mat y);  // --int8-prefill (cpu_quant_matmul.cpp)
 
   ThreadPool pool_;
   bool batch_invariant_ = false;

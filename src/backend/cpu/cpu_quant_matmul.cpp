@@ -37,6 +37,14 @@ const std::array<float, 256>& fp8_table() {
   return t;
 }
 
+// W8A8: the scale of an activation row, max|x| / qmax (1 for an all-zero row; the CUDA kernels'
+// rule, IEEE division).
+float row_scale(const float* x, int64_t n, float qmax) {
+  float amax = 0.f;
+  for (int64_t k = 0; k < n; ++k) amax = std::max(amax, std::fabs(x[k]));
+  return amax > 0.f ? amax / qmax : 1.f;
+}
+
 // Row o of a packed weight as f32 values.
 void decode_row(const Weight& w, int64_t o, float* dst) {
   const int64_t in = w.in(), G = w.group, groups = in / G;
@@ -102,7 +110,9 @@ void CpuBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   SALA_CHECK(x.dtype == DType::F32 && y.dtype == DType::F32, "cpu matmul: x and y must be f32 (got {}, {})",
              dtype_name(x.dtype), dtype_name(y.dtype));
   const int64_t N = x.rows, out = w.out(), in = w.in();
-  if (fp8_prefill_ && w.format == WeightFormat::FP8 && N >= kFp8PrefillMinRows) return matmul_fp8_activations(x, w, y);
+  if (fp8_prefill_ && w.format == WeightFormat::FP8 && N >= kW8A8PrefillMinRows) return matmul_fp8_activations(x, w, y);
+  if (int8_prefill_ && w.format == WeightFormat::Q8 && w.group == in && N >= kW8A8PrefillMinRows)
+    return matmul_int8_activations(x, w, y);
   const float* a = static_cast<const float*>(x.data);
   float* c = static_cast<float*>(y.data);
   bool rows_dot = N <= kRowDotMax || batch_invariant_;  // batch-invariant: no sgemm (cpu_backend.h)
@@ -147,9 +157,7 @@ void CpuBackend::matmul_fp8_activations(const Mat& x, const Weight& w, Mat y) {
   pool_.parallel_for(N, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const float* xr = a + n * x.cols;
-      float amax = 0.f;
-      for (int64_t k = 0; k < in; ++k) amax = std::max(amax, std::fabs(xr[k]));
-      const float s = amax > 0.f ? amax / 448.f : 1.f;
+      const float s = row_scale(xr, in, 448.f);
       sx[size_t(n)] = s;
       for (int64_t k = 0; k < in; ++k) xq[size_t(n * in + k)] = t[f32_to_fp8_e4m3(xr[k] / s)];
     }
@@ -183,6 +191,52 @@ void CpuBackend::matmul_fp8_activations(const Mat& x, const Weight& w, Mat y) {
       for (int64_t k = 0; k < in; ++k) row[size_t(k)] = t[codes[o * in + k]];
       for (int64_t n = 0; n < N; ++n)
         c[n * y.cols + o] = cpu::dot(xq.data() + n * in, row.data(), in) * sx[size_t(n)] * sw[o];
+    }
+  });
+}
+
+// --int8-prefill (W8A8 int8): each row of x quantized to int8 with s_x = max|x| / 127 (1 for an
+// all-zero row) and q = round-to-nearest-even(x / s_x) — the CUDA kernel's rounding, in IEEE f32
+// — then exact int32 sums acc = Σ_k q_x·(code − 128) and, per row of W (one scale, one bias:
+// w = s·code + b = s·(code − 128) + c with c = 128·s + b, zero for symmetric rows),
+//   y[n, o] = fma(c_o, s_x[n]·Σ_k q_x[n, k], (acc·s_o)·s_x[n])
+// in f32, the CUDA epilogue's order, so the two backends agree bit for bit.
+void CpuBackend::matmul_int8_activations(const Mat& x, const Weight& w, Mat y) {
+  const int64_t N = x.rows, out = w.out(), in = w.in();
+  SALA_CHECK(w.format == WeightFormat::Q8 && w.group == in && w.biases,
+             "cpu int8 prefill: int8 weight with {} groups per row (expected one scale per row)", in / w.group);
+  const float* a = static_cast<const float*>(x.data);
+  std::vector<int8_t> xq(static_cast<size_t>(N * in));
+  std::vector<float> sx(static_cast<size_t>(N)), sxsum(static_cast<size_t>(N));
+  pool_.parallel_for(N, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* xr = a + n * x.cols;
+      const float s = row_scale(xr, in, 127.f);
+      int64_t sum = 0;
+      for (int64_t k = 0; k < in; ++k) {
+        const float q = std::clamp(std::nearbyint(xr[k] / s), -127.f, 127.f);
+        xq[size_t(n * in + k)] = int8_t(q);
+        sum += int64_t(q);
+      }
+      sx[size_t(n)] = s;
+      sxsum[size_t(n)] = s * float(sum);
+    }
+  });
+  const auto* codes = static_cast<const uint8_t*>(w.w.data);
+  const float* sw = static_cast<const float*>(w.scales);
+  const float* bw = static_cast<const float*>(w.biases);
+  float* c = static_cast<float*>(y.data);
+  pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
+    std::vector<int8_t> row(static_cast<size_t>(in));
+    for (int64_t o = o0; o < o1; ++o) {
+      for (int64_t k = 0; k < in; ++k) row[size_t(k)] = int8_t(int(codes[o * in + k]) - 128);
+      const float cw = std::fma(128.f, sw[o], bw[o]);  // one rounding; 0 for symmetric rows
+      for (int64_t n = 0; n < N; ++n) {
+        const int8_t* q = xq.data() + n * in;
+        int32_t acc = 0;
+        for (int64_t k = 0; k < in; ++k) acc += int32_t(q[k]) * int32_t(row[size_t(k)]);
+        c[n * y.cols + o] = std::fma(cw, sxsum[size_t(n)], (float(acc) * sw[o]) * sx[size_t(n)]);
+      }
     }
   });
 }

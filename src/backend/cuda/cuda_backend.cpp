@@ -664,7 +664,7 @@ uint64_t CudaBackend::launch_signature() const {
                         static_cast<const void*>(d_items_),
                         static_cast<const void*>(d_combine_), static_cast<const void*>(d_dense_items_),
                         sel_.data(), scores_.data(), keys_.data(), cand_.data(), sel_ml_.data(), partial_.data(), partial_ml_.data(),
-                        x_bf16_.data(), qsplit_.data(), qgemm_split_.data(), fp8x_.data(), k_, v_, k1_, k2_, static_cast<const void*>(states_),
+                        x_bf16_.data(), qsplit_.data(), qgemm_split_.data(), fp8x_.data(), int8acc_.data(), k_, v_, k1_, k2_, static_cast<const void*>(states_),
                         static_cast<const void*>(log_decay_)})
     f(p);
   return f.h;

@@ -86,6 +86,8 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   // --fp8-prefill: cuBLASLt's fp8 GEMM with per-row scales (cuda_quant.cpp); sm_89 or newer.
   void set_fp8_prefill(bool on) override;
+  // --int8-prefill: cuBLASLt's int8 GEMM on per-row Q8 weights, exact int32 products (cuda_quant.cpp).
+  void set_int8_prefill(bool on) override;
 
   void create_caches(const CacheSpec& spec) override;
   void reset_state(int slot) override;
@@ -165,6 +167,8 @@ class CudaBackend final : public Backend {
   // The reason the fp8 prefill product cannot take this weight and output (empty: it can).
   std::string fp8_prefill_unfit(const Weight& w, const Mat& y) const;  // cuda_quant.cpp
   void matmul_fp8_activations(const void* xb, int64_t N, const Weight& w, Mat y);  // cuda_quant.cpp
+  std::string int8_prefill_unfit(const Weight& w, const Mat& y) const;  // cuda_quant.cpp
+  void matmul_int8_activations(const void* xb, int64_t N, const Weight& w, Mat y);  // cuda_quant.cpp
   const void* packed_input(const Mat& x);  // x as 8-byte aligned bf16 rows
   // The column-split workspace for a packed product of n rows (≤ 32) and `rows` outputs, or null
   // where the split does not apply (cuda_quant.cpp).
@@ -182,7 +186,7 @@ class CudaBackend final : public Backend {
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  cublasLtHandle_t cublas_lt_ = nullptr;  // created by set_fp8_prefill(true)
+  cublasLtHandle_t cublas_lt_ = nullptr;  // created by set_fp8_prefill(true) or set_int8_prefill(true)
   void* cublas_ws_ = nullptr;
   bool use_gemv_ = true;
   int gemv_mode_ = 0;
@@ -234,7 +238,8 @@ class CudaBackend final : public Backend {
   // Scratch.
   DeviceArena x_bf16_;     // x converted for cuBLAS
   DeviceArena qscratch_;   // packed weights: row blocks dequantized to bf16 for cuBLAS (fixed size)
-  DeviceArena fp8x_;       // --fp8-prefill: activations as e4m3 rows, then their scales
+  DeviceArena fp8x_;       // --fp8/int8-prefill: activations as e4m3 or int8 rows, then their scales
+  DeviceArena int8acc_;    // --int8-prefill: cuBLASLt's int32 products of one weight block
   DeviceArena qsplit_;     // packed 9–32-row products of few rows: the column split's partial sums
   DeviceArena qgemm_split_;  // the fused packed GEMM's K-split partial sums (4096-row matrices, N ≤ 512)
   DeviceArena sel_;        // selection lists

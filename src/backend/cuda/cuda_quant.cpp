@@ -4,8 +4,8 @@
 // launch); on Hopper, for 33–256 rows of matrices whose tiles fill the GPU (257–512 of 8-bit
 // 64M-weight ones), the GEMM that decodes the codes in its load path (quant_gemm.cu); the GEMV in
 // two launches for other products of ≤ 64 rows; above, row blocks dequantized into a fixed bf16
-// scratch that cuBLAS multiplies. With --fp8-prefill, per-row FP8 weights multiply prefill rows
-// in fp8 instead (cuBLASLt, activations quantized per row: W8A8).
+// scratch that cuBLAS multiplies. With --fp8-prefill / --int8-prefill, per-row FP8 / Q8 weights
+// multiply prefill rows in fp8 / int8 instead (cuBLASLt, activations quantized per row: W8A8).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
@@ -150,14 +150,23 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   const size_t ysize = dtype_size(y.dtype);
   // Batch-invariant backends: one fixed launch shape (8 warps) in launches of ≤ 8 rows, up to 64 rows.
   const int64_t rows_per_launch = batch_invariant_ ? 8 : 32;
-  if (fp8_prefill_ && w.format == WeightFormat::FP8 && N >= kFp8PrefillMinRows) {
+  // W8A8 prefill; a product it cannot take says why, once, and stays weight-only.
+  const auto w8a8_unfit = [](std::once_flag& flag, const char* option, const std::string& why) {
+    std::call_once(flag, [&] {
+      std::fprintf(stderr, "warning: %s: %s; such products stay weight-only (bf16 activations)\n", option, why.c_str());
+    });
+  };
+  if (int8_prefill_ && w.format == WeightFormat::Q8 && N >= kW8A8PrefillMinRows) {
+    const std::string unfit = int8_prefill_unfit(w, y);
+    if (unfit.empty()) return matmul_int8_activations(xb, N, w, y);
+    static std::once_flag warned;
+    w8a8_unfit(warned, "--int8-prefill", unfit);
+  }
+  if (fp8_prefill_ && w.format == WeightFormat::FP8 && N >= kW8A8PrefillMinRows) {
     const std::string unfit = fp8_prefill_unfit(w, y);
     if (unfit.empty()) return matmul_fp8_activations(xb, N, w, y);
-    static std::once_flag warned;  // visible, once: this product keeps the weight-only path
-    std::call_once(warned, [&] {
-      std::fprintf(stderr, "warning: --fp8-prefill: %s; such products stay weight-only (bf16 activations)\n",
-                   unfit.c_str());
-    });
+    static std::once_flag warned;
+    w8a8_unfit(warned, "--fp8-prefill", unfit);
   }
   // The GEMM that decodes the codes in its load path (quant_gemm.cu), where it is the faster path:
   // 33–256 rows of matrices whose tiles fill the GPU, 257–512 of 8-bit 64M-weight ones
@@ -229,6 +238,21 @@ std::string CudaBackend::fp8_prefill_unfit(const Weight& w, const Mat& y) const 
   return {};
 }
 
+void CudaBackend::set_int8_prefill(bool on) {
+  if (on && !cublas_lt_) SALA_CUBLAS_CHECK(cublasLtCreate(&cublas_lt_));
+  int8_prefill_ = on;
+}
+
+std::string CudaBackend::int8_prefill_unfit(const Weight& w, const Mat& y) const {
+  if (w.group != w.in()) return fmt::format("an int8 weight with {} scales per row (grouped, e.g. MLX)", w.in() / w.group);
+  // cuBLASLt's int8 operands: leading dimensions multiples of 16 bytes.
+  if (w.in() % 16 != 0) return fmt::format("{} input columns are not a multiple of 16", w.in());
+  if (y.dtype != DType::BF16 && y.dtype != DType::F32) return fmt::format("an output of dtype {}", dtype_name(y.dtype));
+  if (size_t(w.in()) * 16 + 512 + 128 > qscratch_.capacity())
+    return fmt::format("a row block of {} columns does not fit the {} MiB scratch", w.in(), qscratch_.capacity() >> 20);
+  return {};
+}
+
 namespace {
 
 // cuBLASLt descriptors, destroyed with the scope.
@@ -249,6 +273,17 @@ LtPtr<cublasLtMatrixLayout_t> lt_layout(cudaDataType_t type, int64_t rows, int64
 template <typename V>
 void lt_set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const V& v) {
   SALA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof v));
+}
+
+// Algorithms that fit the backend's cuBLAS workspace.
+LtPtr<cublasLtMatmulPreference_t> lt_preference() {
+  cublasLtMatmulPreference_t p = nullptr;
+  SALA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&p));
+  LtPtr<cublasLtMatmulPreference_t> pref(p);
+  const uint64_t ws_bytes = kCublasWorkspace;
+  SALA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                         sizeof ws_bytes));
+  return pref;
 }
 
 }  // namespace
@@ -281,15 +316,7 @@ void CudaBackend::matmul_fp8_activations(const void* xb, int64_t N, const Weight
   lt_set(desc_raw, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(xs));
   const cudaDataType_t dtype = y.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
   const auto lb = lt_layout(CUDA_R_8F_E4M3, in, N, in);
-  LtPtr<cublasLtMatmulPreference_t> pref;
-  {
-    cublasLtMatmulPreference_t p = nullptr;
-    SALA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&p));
-    pref.reset(p);
-    const uint64_t ws_bytes = kCublasWorkspace;
-    SALA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                                           sizeof ws_bytes));
-  }
+  const LtPtr<cublasLtMatmulPreference_t> pref = lt_preference();
   // The layouts and algorithm of a block of `rows` weight rows (one query per block size: all
   // blocks but a last, shorter one share it).
   LtPtr<cublasLtMatrixLayout_t> la, ld;
@@ -298,7 +325,7 @@ void CudaBackend::matmul_fp8_activations(const void* xb, int64_t N, const Weight
   const float alpha = 1.f, beta = 0.f;
   for (int64_t o0 = 0; o0 < out; o0 += block) {
     const int64_t rows = std::min(block, out - o0);
-    cuda::launch_qcanonical_fp8(qweight(w), o0, rows, wq, ws, stream_);
+    cuda::launch_qcanonical(qweight(w), o0, rows, wq, ws, nullptr, stream_);
     if (rows != planned) {
       la = lt_layout(CUDA_R_8F_E4M3, in, rows, in);
       ld = lt_layout(dtype, rows, N, y.cols);
@@ -312,6 +339,59 @@ void CudaBackend::matmul_fp8_activations(const void* xb, int64_t N, const Weight
     void* d = static_cast<uint8_t*>(y.data) + size_t(o0) * dtype_size(y.dtype);
     SALA_CUBLAS_CHECK(cublasLtMatmul(cublas_lt_, desc_raw, &alpha, wq, la.get(), xq, lb.get(), &beta, d, ld.get(), d,
                                      ld.get(), &heur.algo, cublas_ws_, kCublasWorkspace, stream_));
+  }
+}
+
+// y = fma(c_w, s_x·Σq_x, (acc·s_w)·s_x) with acc = Σ_k q_x·(code − 128) exact in int32 (cuBLASLt's
+// int8 GEMM; its int8 path has no float output with per-row and per-column scales, so the
+// int32 products go through int8acc_ and one epilogue pass, w8a8_prefill.cu). Column-major terms
+// as for fp8: D[rows, N] = Aᵀ·B, A the weight block's rows (K × rows, ld in), B the quantized x.
+// The blocks are bounded by the weight scratch and by kInt8AccBytes of int32 products.
+void CudaBackend::matmul_int8_activations(const void* xb, int64_t N, const Weight& w, Mat y) {
+  constexpr size_t kInt8AccBytes = size_t(128) << 20;
+  const int64_t in = w.in(), out = w.out();
+  const size_t xq_bytes = align256(size_t(N * in));
+  auto* xq = static_cast<uint8_t*>(fp8x_.reserve(xq_bytes + align256(size_t(N) * 4) + size_t(N) * 4));
+  float* xs = reinterpret_cast<float*>(xq + xq_bytes);
+  float* xsum = reinterpret_cast<float*>(xq + xq_bytes + align256(size_t(N) * 4));
+  cuda::launch_quant_rows_int8(xb, in, N, in, xq, xs, xsum, stream_);
+
+  int64_t block = std::min<int64_t>(out, int64_t((qscratch_.capacity() - 512) / size_t(in + 8)) / 16 * 16);
+  block = std::max<int64_t>(16, std::min<int64_t>(block, int64_t(kInt8AccBytes / (size_t(N) * 4)) / 16 * 16));
+  auto* wq = static_cast<uint8_t*>(qscratch_.data());
+  float* ws = reinterpret_cast<float*>(wq + align256(size_t(block * in)));
+  float* wc = reinterpret_cast<float*>(wq + align256(size_t(block * in)) + align256(size_t(block) * 4));
+  auto* acc = static_cast<int32_t*>(int8acc_.reserve(size_t(block * N) * 4));
+
+  cublasLtMatmulDesc_t desc_raw = nullptr;
+  SALA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_raw, CUBLAS_COMPUTE_32I, CUDA_R_32I));
+  const LtPtr<cublasLtMatmulDesc_t> desc(desc_raw);
+  lt_set(desc_raw, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+  lt_set(desc_raw, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  const auto lb = lt_layout(CUDA_R_8I, in, N, in);
+  const LtPtr<cublasLtMatmulPreference_t> pref = lt_preference();
+  LtPtr<cublasLtMatrixLayout_t> la, ld;
+  cublasLtMatmulHeuristicResult_t heur{};
+  int64_t planned = 0;
+  const int32_t alpha = 1, beta = 0;
+  const cuda::Dt ydt = y.dtype == DType::BF16 ? cuda::kBF16 : cuda::kF32;
+  for (int64_t o0 = 0; o0 < out; o0 += block) {
+    const int64_t rows = std::min(block, out - o0);
+    cuda::launch_qcanonical(qweight(w), o0, rows, wq, ws, wc, stream_);
+    if (rows != planned) {
+      la = lt_layout(CUDA_R_8I, in, rows, in);
+      ld = lt_layout(CUDA_R_32I, rows, N, rows);
+      int found = 0;
+      SALA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublas_lt_, desc_raw, la.get(), lb.get(), ld.get(), ld.get(),
+                                                       pref.get(), 1, &heur, &found));
+      SALA_CHECK(found > 0, "--int8-prefill: cuBLASLt has no int8 GEMM for [{}, {}] x [{}, {}] on {}", N, in, rows,
+                 in, props_.name);
+      planned = rows;
+    }
+    SALA_CUBLAS_CHECK(cublasLtMatmul(cublas_lt_, desc_raw, &alpha, wq, la.get(), xq, lb.get(), &beta, acc, ld.get(),
+                                     acc, ld.get(), &heur.algo, cublas_ws_, kCublasWorkspace, stream_));
+    cuda::launch_int8_epilogue(acc, rows, N, ws, wc, xs, xsum,
+                               static_cast<uint8_t*>(y.data) + size_t(o0) * dtype_size(y.dtype), ydt, y.cols, stream_);
   }
 }
 
