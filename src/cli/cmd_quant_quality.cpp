@@ -156,7 +156,7 @@ Runner setup(CLI::App& app) {
                 backend->name().c_str(), (long long)o->positions, o->text.empty() ? "random ids" : o->text.c_str(),
                 o->lm_head ? "quantized" : "kept dense",
                 backend->fp8_prefill() ? ", fp8 prefill (W8A8 prompt chunks for fp8)" : "",
-                backend->int8_prefill() ? ", int8 prefill (W8A8 prompt chunks for int8)" : "");
+                backend->int8_prefill() ? ", int8 prefill (W8A8 prompt chunks for int8 and int4)" : "");
     std::printf("| format | bytes/param | logit rel. error | top-1 agreement | mean KL | max KL |\n");
     std::printf("|---|---|---|---|---|---|\n");
     for (const Format& f : formats) {

@@ -21,8 +21,9 @@ void BackendOptions::add(CLI::App& app) {
                "FP8 checkpoints: prefill products (65+ rows) quantize each activation row to e4m3 and run on fp8 "
                "tensor cores (W8A8: faster prefill, a little more error; decode batches of up to 64 rows stay weight-only)");
   app.add_flag("--int8-prefill", int8_prefill,
-               "int8 checkpoints (one scale per row): prefill products (65+ rows) quantize each activation row to int8 "
-               "and run on int8 tensor cores (W8A8; decode batches of up to 64 rows stay weight-only)");
+               "int8 and int4 checkpoints: prefill products (65+ rows) quantize each activation row to int8 and run on "
+               "int8 tensor cores (W8A8; int4 and grouped int8 weights requantized per row to int8; decode batches of up "
+               "to 64 rows stay weight-only)");
 }
 
 std::unique_ptr<Backend> BackendOptions::make() const {
@@ -49,20 +50,20 @@ void print_weight_notes(const ModelConfig& config, const ModelWeights& w, Backen
                  static_cast<long long>(kW8A8PrefillMinRows));
   }
   if (backend.int8_prefill()) {
-    int per_row = 0, grouped = 0;
+    int exact = 0, requantized = 0;
     auto count = [&](const Weight& m) {
-      if (m.format == WeightFormat::Q8) ++(m.group == m.in() ? per_row : grouped);
+      if (m.format == WeightFormat::Q8 && m.group == m.in()) ++exact;
+      else if (m.format == WeightFormat::Q8 || m.format == WeightFormat::Q4) ++requantized;
     };
     count(w.lm_head);
     for (const auto& l : w.layers)
       for (const Weight* m : {&l.q, &l.k, &l.v, &l.z, &l.o_gate, &l.o, &l.gate, &l.up, &l.down}) count(*m);
-    if (per_row == 0)
-      std::fprintf(stderr, "warning: --int8-prefill has no effect: the model has no int8 weights with one scale per "
-                           "row%s\n", grouped ? " (its int8 weights are grouped, e.g. MLX: they stay weight-only)" : "");
+    if (exact + requantized == 0)
+      std::fprintf(stderr, "warning: --int8-prefill has no effect: the model has no int8 or int4 weights\n");
     else
-      std::fprintf(stderr, "int8 prefill: on for %d int8 matrices (products of %lld+ rows quantize activations to "
-                           "int8 per row)%s\n", per_row, static_cast<long long>(kW8A8PrefillMinRows),
-                   grouped ? "; grouped int8 matrices stay weight-only" : "");
+      std::fprintf(stderr, "int8 prefill: on for %d int8 matrices (exact) and %d int4 / grouped int8 matrices "
+                           "(requantized per row to int8); products of %lld+ rows quantize activations to int8 per row\n",
+                   exact, requantized, static_cast<long long>(kW8A8PrefillMinRows));
   }
 }
 

@@ -77,7 +77,7 @@ awk -F'|' '{ exit !($4 > 0 && $4 < 0.3 && $5 > 0.5) }' <<<"$w8a8" || fail "--fp8
 grep -q "fp8 prefill: on" "$tmp/pf.err" || fail "fp8 model: no fp8 prefill note: $(cat "$tmp/pf.err")"
 "$SALA" logits "$tmp/int8" --tokens 1,5,6 --fp8-prefill --out "$tmp/pf8.npy" 2>"$tmp/pf8.err" || fail "int8 --fp8-prefill"
 grep -q "warning: --fp8-prefill has no effect" "$tmp/pf8.err" || fail "int8 model: no warning: $(cat "$tmp/pf8.err")"
-# --int8-prefill: the same for int8 (one scale per row); fp8 models get a warning.
+# --int8-prefill: the same for int8 and int4 (requantized per row); fp8 models get a warning.
 out=$("$SALA" quant-quality "$tmp/f32" --formats int8 --positions 200 --chunk 100 --decode 4 --backend cpu \
   --int8-prefill 2>/dev/null) || fail "quant-quality --int8-prefill"
 grep -q "int8 prefill (W8A8" <<<"$out" || fail "--int8-prefill not in the header: $out"
@@ -88,6 +88,9 @@ wo=$("$SALA" quant-quality "$tmp/f32" --formats int8 --positions 200 --chunk 100
 awk -F'|' '{ exit !($4 > 0 && $4 < 0.3 && $5 > 0.5) }' <<<"$w8a8" || fail "--int8-prefill row: $w8a8"
 "$SALA" logits "$tmp/int8" --tokens 1,5,6 --int8-prefill --out "$tmp/pi.npy" 2>"$tmp/pi.err" || fail "logits --int8-prefill"
 grep -q "int8 prefill: on for" "$tmp/pi.err" || fail "int8 model: no int8 prefill note: $(cat "$tmp/pi.err")"
+"$SALA" logits "$tmp/int4" --tokens 1,5,6 --int8-prefill --out "$tmp/pi4.npy" 2>"$tmp/pi4.err" || fail "int4 --int8-prefill"
+grep -Eq "int8 prefill: on for 0 int8 matrices \(exact\) and [1-9][0-9]* int4" "$tmp/pi4.err" ||
+  fail "int4 model: no int8 prefill note: $(cat "$tmp/pi4.err")"
 "$SALA" logits "$tmp/fp8" --tokens 1,5,6 --int8-prefill --out "$tmp/pi8.npy" 2>"$tmp/pi8.err" || fail "fp8 --int8-prefill"
 grep -q "warning: --int8-prefill has no effect" "$tmp/pi8.err" || fail "fp8 model: no warning: $(cat "$tmp/pi8.err")"
 ! "$SALA" quant-quality "$tmp/f32" --formats int5 2>"$tmp/err" || fail "quant-quality: int5 accepted"

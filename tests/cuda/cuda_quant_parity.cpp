@@ -515,29 +515,34 @@ void test_fp8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
 
 // --int8-prefill: cuBLASLt's int8 GEMM (exact int32 products) on activations quantized per row and
 // the epilogue (w8a8_prefill.cu) against the CPU's W8A8 int8 product (tested there against a scalar
-// reference): bit for bit, on the same bf16 inputs, for symmetric and affine per-row weights; fewer
-// rows, grouped int8 and shapes cuBLASLt cannot take stay weight-only (the same bits as the switch off).
+// reference): bit for bit, on the same bf16 inputs, for per-row int8 weights (symmetric and affine
+// rows) and for int4 / grouped int8 weights requantized per row; fewer rows and shapes cuBLASLt
+// cannot take stay weight-only (the same bits as the switch off).
 void test_int8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
   struct Case {
+    WeightFormat f;
     int64_t out, in, n, group;
     DType yd;
     bool affine, fit;
   };
-  const Case cases[] = {{400, 512, 65, 512, DType::BF16, false, true},      {4096, 4096, 300, 4096, DType::BF16, true, true},
-                        {1000, 1024, 129, 1024, DType::F32, true, true},    {4096, 16384, 96, 16384, DType::BF16, false, true},
-                        {1002, 1024, 70, 1024, DType::F32, false, true},    {400, 512, 64, 512, DType::BF16, false, false},
-                        {96, 520, 80, 520, DType::BF16, false, false},      {256, 512, 80, 64, DType::BF16, false, false}};
+  const WeightFormat Q8 = WeightFormat::Q8, Q4 = WeightFormat::Q4;
+  const Case cases[] = {{Q8, 400, 512, 65, 512, DType::BF16, false, true},   {Q8, 4096, 4096, 300, 4096, DType::BF16, true, true},
+                        {Q8, 1000, 1024, 129, 1024, DType::F32, true, true}, {Q8, 4096, 16384, 96, 16384, DType::BF16, false, true},
+                        {Q8, 1002, 1024, 70, 1024, DType::F32, false, true}, {Q8, 256, 512, 80, 64, DType::BF16, false, true},
+                        {Q4, 4096, 4096, 200, 64, DType::BF16, false, true}, {Q4, 1000, 1024, 90, 128, DType::F32, false, true},
+                        {Q8, 400, 512, 64, 512, DType::BF16, false, false},  {Q4, 400, 512, 64, 64, DType::BF16, false, false},
+                        {Q8, 96, 520, 80, 520, DType::BF16, false, false}};
   for (const Case& c : cases) {
-    PackedMatrix pm = random_packed(WeightFormat::Q8, c.out, c.in, c.group, 11 + uint64_t(c.in));
+    PackedMatrix pm = random_packed(c.f, c.out, c.in, c.group, 11 + uint64_t(c.in));
     if (c.affine)
       for (size_t i = 0; i < pm.biases.size(); ++i) pm.biases[i] = -120.f * pm.scales[i] + 1e-3f * float(i % 7);
-    const Weight wc = cpu.load_quantized_weight(pm.view(), "int8"), wg = gpu.load_quantized_weight(pm.view(), "int8");
+    const Weight wc = cpu.load_quantized_weight(pm.view(), "w"), wg = gpu.load_quantized_weight(pm.view(), "w");
     auto x = randn(size_t(c.n * c.in), 5 + uint64_t(c.n));
     for (int64_t k = 0; k < c.in; ++k) x[size_t(c.in + k)] *= 1e-3f;  // rows of different ranges
     for (int64_t k = 0; k < c.in; ++k) x[size_t(2 * c.in + k)] = 0.f;  // an all-zero row
     for (auto& v : x) v = round_bf16(v);  // the CPU sees the GPU's bf16 inputs
-    const std::string name = strf("int8 prefill [%lld, %lld] group %lld N=%lld y %s%s", (long long)c.out,
-                                  (long long)c.in, (long long)c.group, (long long)c.n,
+    const std::string name = strf("int8 prefill %s [%lld, %lld] group %lld N=%lld y %s%s", weight_format_name(c.f),
+                                  (long long)c.out, (long long)c.in, (long long)c.group, (long long)c.n,
                                   std::string(dtype_name(c.yd)).c_str(), c.affine ? " affine" : "");
     try {
       gpu.set_int8_prefill(false);
@@ -555,7 +560,7 @@ void test_int8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
       int64_t differ = 0;
       for (size_t i = 0; i < ref.size(); ++i) differ += (c.yd == DType::BF16 ? round_bf16(ref[i]) : ref[i]) != got[i];
       const double e_off = rel_err(got, off);
-      check(differ == 0 && e_off > 1e-4, name,
+      check(differ == 0 && e_off > 1e-4 && e_off < 0.05, name,
             strf("%lld of %zu values differ from the CPU's W8A8 int8; rel %.2e vs weight-only", (long long)differ,
                  ref.size(), e_off));
     } catch (const std::exception& ex) {

@@ -15,6 +15,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/quant_layout.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "engine/replay.h"
@@ -151,41 +152,67 @@ TEST(PackedMatmul, Fp8PrefillQuantizesActivationsPerRow) {
   }
 }
 
-// --int8-prefill (W8A8 int8): from 65 rows on, per-row Q8 products quantize each activation row to
-// int8 with s = max|x| / 127 (round to nearest even) and multiply exactly. Checked against a scalar
-// reference written here (the dequantized weight s·code + b times the quantized activations, sums
-// in double) for symmetric rows (sala quantize --format int8) and affine ones (any per-row bias);
-// fewer rows, grouped int8 (MLX) and other formats are untouched by the switch.
+// --int8-prefill (W8A8 int8): from 65 rows on, int8 and int4 products quantize each activation
+// row to int8 with s = max|x| / 127 (round to nearest even) and multiply exactly. Checked against
+// a scalar reference written here (sums in double): per-row int8 weights as they are (s·code + b,
+// symmetric or affine rows); int4 and grouped int8 weights requantized per row — each row as the
+// bf16 values bf16(fma(s, code, b)) of the weight-only prefill, then int8 with max|w| / 127. Fewer
+// rows and fp8 weights are untouched by the switch.
 TEST(PackedMatmul, Int8PrefillQuantizesActivationsPerRow) {
   const int64_t out = 40, in = 192;
   const auto w = randn(size_t(out * in), 73, 0.05f);
   const QuantizedMatrix sym = quantize_matrix(w.data(), out, in, QuantFormat::INT8, 0, false, 4);
   const QuantizedMatrix mlx = quantize_matrix(w.data(), out, in, QuantFormat::MLX, 64, false, 8);
+  const QuantizedMatrix q4 = quantize_matrix(w.data(), out, in, QuantFormat::INT4, 64, true, 4);
   const QuantizedMatrix fp8 = quantize_matrix(w.data(), out, in, QuantFormat::FP8, 0, false, 4);
   PackedMatrix affine = pack_matrix(sym);  // per-row Q8 with biases that are not −128·s
   for (int64_t o = 0; o < out; ++o) affine.biases[size_t(o)] = -120.f * affine.scales[size_t(o)] + 0.01f * float(o % 5);
+  // The weight rows the product uses, as doubles: exact codes, or the requantized bf16 row.
+  auto weight_rows = [&](const PackedMatrix& pm) {
+    std::vector<double> rows(size_t(out * in));
+    const int64_t G = pm.group, groups = in / G;
+    for (int64_t o = 0; o < out; ++o) {
+      std::vector<float> v(static_cast<size_t>(in));
+      for (int64_t k = 0; k < in; ++k) {
+        const int code = pm.format == WeightFormat::Q4 ? (pm.codes[size_t((o * in + k) / 2)] >> (4 * (k & 1))) & 0xf
+                                                       : pm.codes[size_t(o * in + k)];
+        const float s = pm.scales[size_t(o * groups + k / G)], b = pm.biases[size_t(o * groups + k / G)];
+        if (pm.format == WeightFormat::Q8 && G == in) rows[size_t(o * in + k)] = double(s) * code + double(b);
+        else v[size_t(k)] = round_bf16(std::fma(s, float(code), b));
+      }
+      if (pm.format == WeightFormat::Q8 && G == in) continue;
+      float amax = 0.f;
+      for (float f : v) amax = std::max(amax, std::fabs(f));
+      const float so = amax > 0.f ? amax / 127.f : 1.f;
+      for (int64_t k = 0; k < in; ++k)
+        rows[size_t(o * in + k)] = std::clamp(std::nearbyint(double(v[size_t(k)] / so)), -127.0, 127.0) * double(so);
+    }
+    return rows;
+  };
+  const PackedMatrix packs[] = {pack_matrix(sym), affine, pack_matrix(mlx), pack_matrix(q4)};
+  const char* names[] = {"int8 symmetric", "int8 affine", "int8 grouped (MLX)", "int4 g64"};
   for (bool invariant : {false, true}) {
     CpuBackend b(2, invariant);
-    const Weight w_sym = b.load_quantized_weight(pack_matrix(sym).view(), "int8");
-    const Weight w_aff = b.load_quantized_weight(affine.view(), "int8 affine");
-    const Weight w_mlx = b.load_quantized_weight(pack_matrix(mlx).view(), "mlx8");
     const Weight w_fp8 = b.load_quantized_weight(pack_matrix(fp8).view(), "fp8");
     for (int64_t n : {int64_t(64), kW8A8PrefillMinRows, int64_t(90)}) {
       auto x = randn(size_t(n * in), 9 + uint64_t(n));
       for (int64_t k = 0; k < in; ++k) x[size_t(2 * in + k)] = 0.f;     // an all-zero row: scale 1, output 0
       for (int64_t k = 0; k < in; ++k) x[size_t(4 * in + k)] *= 1e-3f;  // rows of very different ranges
       b.set_int8_prefill(false);
-      const auto sym_off = cpu_matmul(b, w_sym, x, n), aff_off = cpu_matmul(b, w_aff, x, n);
-      const auto mlx_off = cpu_matmul(b, w_mlx, x, n), fp8_off = cpu_matmul(b, w_fp8, x, n);
+      const auto fp8_off = cpu_matmul(b, w_fp8, x, n);
       b.set_int8_prefill(true);
-      EXPECT_EQ(cpu_matmul(b, w_mlx, x, n), mlx_off) << "grouped int8 stays weight-only";
       EXPECT_EQ(cpu_matmul(b, w_fp8, x, n), fp8_off) << "fp8 weights are not affected";
-      for (const auto& [wt, pm, off] : {std::tuple{&w_sym, pack_matrix(sym), &sym_off}, std::tuple{&w_aff, affine, &aff_off}}) {
-        const auto got = cpu_matmul(b, *wt, x, n);
+      for (size_t p = 0; p < std::size(packs); ++p) {
+        const Weight wt = b.load_quantized_weight(packs[p].view(), names[p]);
+        b.set_int8_prefill(false);
+        const auto off = cpu_matmul(b, wt, x, n);
+        b.set_int8_prefill(true);
+        const auto got = cpu_matmul(b, wt, x, n);
         if (n < kW8A8PrefillMinRows) {
-          EXPECT_EQ(got, *off) << "N=" << n << ": below the threshold the product stays weight-only";
+          EXPECT_EQ(got, off) << names[p] << " N=" << n << ": below the threshold the product stays weight-only";
           continue;
         }
+        const auto rows = weight_rows(packs[p]);
         std::vector<float> ref(size_t(n * out));
         for (int64_t r = 0; r < n; ++r) {
           float amax = 0.f;
@@ -193,20 +220,18 @@ TEST(PackedMatmul, Int8PrefillQuantizesActivationsPerRow) {
           const float sx = amax > 0.f ? amax / 127.f : 1.f;
           for (int64_t o = 0; o < out; ++o) {
             double acc = 0;
-            for (int64_t k = 0; k < in; ++k) {
-              const double qx = std::clamp(std::nearbyint(double(x[size_t(r * in + k)] / sx)), -127.0, 127.0);
-              const double wv = double(pm.scales[size_t(o)]) * double(pm.codes[size_t(o * in + k)]) + double(pm.biases[size_t(o)]);
-              acc += qx * wv;
-            }
+            for (int64_t k = 0; k < in; ++k)
+              acc += std::clamp(std::nearbyint(double(x[size_t(r * in + k)] / sx)), -127.0, 127.0) *
+                     rows[size_t(o * in + k)];
             ref[size_t(r * out + o)] = float(acc * sx);
           }
         }
-        EXPECT_LT(rel_err(got, ref), 1e-6) << "N=" << n << " invariant=" << invariant;
+        EXPECT_LT(rel_err(got, ref), 1e-6) << names[p] << " N=" << n << " invariant=" << invariant;
         for (int64_t o = 0; o < out; ++o) EXPECT_EQ(got[size_t(2 * out + o)], 0.f);
         // Activation rounding (int8 per row) is visible against the weight-only product, and small.
-        const double e = rel_err(got, *off);
-        EXPECT_GT(e, 1e-4) << "N=" << n;
-        EXPECT_LT(e, 0.03) << "N=" << n;
+        const double e = rel_err(got, off);
+        EXPECT_GT(e, 1e-4) << names[p] << " N=" << n;
+        EXPECT_LT(e, 0.03) << names[p] << " N=" << n;
       }
     }
   }

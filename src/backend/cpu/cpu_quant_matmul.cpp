@@ -15,6 +15,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_dot.h"
+#include "core/dtype.h"
 #include "core/error.h"
 
 #ifdef SALA_HAS_OPENBLAS
@@ -111,7 +112,7 @@ void CpuBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
              dtype_name(x.dtype), dtype_name(y.dtype));
   const int64_t N = x.rows, out = w.out(), in = w.in();
   if (fp8_prefill_ && w.format == WeightFormat::FP8 && N >= kW8A8PrefillMinRows) return matmul_fp8_activations(x, w, y);
-  if (int8_prefill_ && w.format == WeightFormat::Q8 && w.group == in && N >= kW8A8PrefillMinRows)
+  if (int8_prefill_ && (w.format == WeightFormat::Q8 || w.format == WeightFormat::Q4) && N >= kW8A8PrefillMinRows)
     return matmul_int8_activations(x, w, y);
   const float* a = static_cast<const float*>(x.data);
   float* c = static_cast<float*>(y.data);
@@ -196,30 +197,37 @@ void CpuBackend::matmul_fp8_activations(const Mat& x, const Weight& w, Mat y) {
 }
 
 // --int8-prefill (W8A8 int8): each row of x quantized to int8 with s_x = max|x| / 127 (1 for an
-// all-zero row) and q = round-to-nearest-even(x / s_x) — the CUDA kernel's rounding, in IEEE f32
-// — then exact int32 sums acc = Σ_k q_x·(code − 128) and, per row of W (one scale, one bias:
-// w = s·code + b = s·(code − 128) + c with c = 128·s + b, zero for symmetric rows),
+// all-zero row) and q = round-to-nearest-even(x / s_x) — the CUDA kernel's rounding, in IEEE f32.
+// The weight rows as int8 with one scale s_o and offset c_o each (w ≈ s_o·q_w + c_o):
+//   per-row Q8: q_w = code − 128 exactly, c = 128·s + b (zero for symmetric rows);
+//   Q4 and grouped Q8: requantized — the row as the bf16 values the weight-only prefill multiplies
+//   (bf16(fma(s, code, b)) per group), then int8 like an activation row (s_o = max|w| / 127), c = 0.
+// Then exact int32 sums acc = Σ_k q_x·q_w and
 //   y[n, o] = fma(c_o, s_x[n]·Σ_k q_x[n, k], (acc·s_o)·s_x[n])
 // in f32, the CUDA epilogue's order, so the two backends agree bit for bit.
 void CpuBackend::matmul_int8_activations(const Mat& x, const Weight& w, Mat y) {
-  const int64_t N = x.rows, out = w.out(), in = w.in();
-  SALA_CHECK(w.format == WeightFormat::Q8 && w.group == in && w.biases,
-             "cpu int8 prefill: int8 weight with {} groups per row (expected one scale per row)", in / w.group);
+  const int64_t N = x.rows, out = w.out(), in = w.in(), G = w.group;
+  SALA_CHECK((w.format == WeightFormat::Q8 || w.format == WeightFormat::Q4) && w.biases,
+             "cpu int8 prefill: weight format {} (expected int8 or int4)", weight_format_name(w.format));
+  const bool exact = w.format == WeightFormat::Q8 && G == in;
   const float* a = static_cast<const float*>(x.data);
   std::vector<int8_t> xq(static_cast<size_t>(N * in));
   std::vector<float> sx(static_cast<size_t>(N)), sxsum(static_cast<size_t>(N));
+  const auto quantize_row = [](const float* v, int64_t n, float s, int8_t* q) {
+    int64_t sum = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      const float r = std::clamp(std::nearbyint(v[k] / s), -127.f, 127.f);
+      q[k] = int8_t(r);
+      sum += int64_t(r);
+    }
+    return sum;
+  };
   pool_.parallel_for(N, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const float* xr = a + n * x.cols;
       const float s = row_scale(xr, in, 127.f);
-      int64_t sum = 0;
-      for (int64_t k = 0; k < in; ++k) {
-        const float q = std::clamp(std::nearbyint(xr[k] / s), -127.f, 127.f);
-        xq[size_t(n * in + k)] = int8_t(q);
-        sum += int64_t(q);
-      }
       sx[size_t(n)] = s;
-      sxsum[size_t(n)] = s * float(sum);
+      sxsum[size_t(n)] = s * float(quantize_row(xr, in, s, xq.data() + n * in));
     }
   });
   const auto* codes = static_cast<const uint8_t*>(w.w.data);
@@ -228,14 +236,27 @@ void CpuBackend::matmul_int8_activations(const Mat& x, const Weight& w, Mat y) {
   float* c = static_cast<float*>(y.data);
   pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
     std::vector<int8_t> row(static_cast<size_t>(in));
+    std::vector<float> vals(static_cast<size_t>(in));
     for (int64_t o = o0; o < o1; ++o) {
-      for (int64_t k = 0; k < in; ++k) row[size_t(k)] = int8_t(int(codes[o * in + k]) - 128);
-      const float cw = std::fma(128.f, sw[o], bw[o]);  // one rounding; 0 for symmetric rows
+      float so = sw[o], co = 0.f;
+      if (exact) {
+        for (int64_t k = 0; k < in; ++k) row[size_t(k)] = int8_t(int(codes[o * in + k]) - 128);
+        co = std::fma(128.f, sw[o], bw[o]);  // one rounding; 0 for symmetric rows
+      } else {
+        for (int64_t k = 0; k < in; ++k) {
+          const int64_t g = o * (in / G) + k / G;
+          const int code = w.format == WeightFormat::Q4 ? (codes[(o * in + k) / 2] >> (4 * (k & 1))) & 0xf
+                                                        : codes[o * in + k];
+          vals[size_t(k)] = round_bf16(std::fma(sw[g], float(code), bw[g]));
+        }
+        so = row_scale(vals.data(), in, 127.f);
+        quantize_row(vals.data(), in, so, row.data());
+      }
       for (int64_t n = 0; n < N; ++n) {
         const int8_t* q = xq.data() + n * in;
         int32_t acc = 0;
         for (int64_t k = 0; k < in; ++k) acc += int32_t(q[k]) * int32_t(row[size_t(k)]);
-        c[n * y.cols + o] = std::fma(cw, sxsum[size_t(n)], (float(acc) * sw[o]) * sx[size_t(n)]);
+        c[n * y.cols + o] = std::fma(co, sxsum[size_t(n)], (float(acc) * so) * sx[size_t(n)]);
       }
     }
   });

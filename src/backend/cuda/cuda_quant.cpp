@@ -156,7 +156,7 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
       std::fprintf(stderr, "warning: %s: %s; such products stay weight-only (bf16 activations)\n", option, why.c_str());
     });
   };
-  if (int8_prefill_ && w.format == WeightFormat::Q8 && N >= kW8A8PrefillMinRows) {
+  if (int8_prefill_ && (w.format == WeightFormat::Q8 || w.format == WeightFormat::Q4) && N >= kW8A8PrefillMinRows) {
     const std::string unfit = int8_prefill_unfit(w, y);
     if (unfit.empty()) return matmul_int8_activations(xb, N, w, y);
     static std::once_flag warned;
@@ -243,12 +243,18 @@ void CudaBackend::set_int8_prefill(bool on) {
   int8_prefill_ = on;
 }
 
+// Bytes of qscratch_ per weight row of a block: per-row Q8 codes as int8; other weights (Q4,
+// grouped Q8) also their bf16 dequantization, which is requantized per row. Then scale, offset
+// and code sum per row.
+static size_t int8_block_row_bytes(const Weight& w) {
+  return size_t(w.in()) * (w.format == WeightFormat::Q8 && w.group == w.in() ? 1 : 3) + 12;
+}
+
 std::string CudaBackend::int8_prefill_unfit(const Weight& w, const Mat& y) const {
-  if (w.group != w.in()) return fmt::format("an int8 weight with {} scales per row (grouped, e.g. MLX)", w.in() / w.group);
   // cuBLASLt's int8 operands: leading dimensions multiples of 16 bytes.
   if (w.in() % 16 != 0) return fmt::format("{} input columns are not a multiple of 16", w.in());
   if (y.dtype != DType::BF16 && y.dtype != DType::F32) return fmt::format("an output of dtype {}", dtype_name(y.dtype));
-  if (size_t(w.in()) * 16 + 512 + 128 > qscratch_.capacity())
+  if (int8_block_row_bytes(w) * 16 + 1024 > qscratch_.capacity())
     return fmt::format("a row block of {} columns does not fit the {} MiB scratch", w.in(), qscratch_.capacity() >> 20);
   return {};
 }
@@ -342,25 +348,31 @@ void CudaBackend::matmul_fp8_activations(const void* xb, int64_t N, const Weight
   }
 }
 
-// y = fma(c_w, s_x·Σq_x, (acc·s_w)·s_x) with acc = Σ_k q_x·(code − 128) exact in int32 (cuBLASLt's
-// int8 GEMM; its int8 path has no float output with per-row and per-column scales, so the
-// int32 products go through int8acc_ and one epilogue pass, w8a8_prefill.cu). Column-major terms
-// as for fp8: D[rows, N] = Aᵀ·B, A the weight block's rows (K × rows, ld in), B the quantized x.
-// The blocks are bounded by the weight scratch and by kInt8AccBytes of int32 products.
+// y = fma(c_w, s_x·Σq_x, (acc·s_w)·s_x) with acc = Σ_k q_x·q_w exact in int32 (cuBLASLt's int8
+// GEMM; its int8 path has no float output with per-row and per-column scales, so the int32
+// products go through int8acc_ and one epilogue pass, w8a8_prefill.cu). The weight rows as int8:
+// per-row Q8 exactly (code − 128, c_w = 128·s + b); Q4 and grouped Q8 requantized — dequantized to
+// the bf16 rows the weight-only path multiplies, then quantized per row like the activations
+// (c_w = 0). Column-major terms as for fp8: D[rows, N] = Aᵀ·B, A the weight block's rows (K ×
+// rows, ld in), B the quantized x. Blocks are bounded by the weight scratch and by kInt8AccBytes
+// of int32 products.
 void CudaBackend::matmul_int8_activations(const void* xb, int64_t N, const Weight& w, Mat y) {
   constexpr size_t kInt8AccBytes = size_t(128) << 20;
   const int64_t in = w.in(), out = w.out();
+  const bool exact = w.format == WeightFormat::Q8 && w.group == in;
   const size_t xq_bytes = align256(size_t(N * in));
   auto* xq = static_cast<uint8_t*>(fp8x_.reserve(xq_bytes + align256(size_t(N) * 4) + size_t(N) * 4));
   float* xs = reinterpret_cast<float*>(xq + xq_bytes);
   float* xsum = reinterpret_cast<float*>(xq + xq_bytes + align256(size_t(N) * 4));
   cuda::launch_quant_rows_int8(xb, in, N, in, xq, xs, xsum, stream_);
 
-  int64_t block = std::min<int64_t>(out, int64_t((qscratch_.capacity() - 512) / size_t(in + 8)) / 16 * 16);
+  int64_t block = std::min<int64_t>(out, int64_t((qscratch_.capacity() - 1024) / int8_block_row_bytes(w)) / 16 * 16);
   block = std::max<int64_t>(16, std::min<int64_t>(block, int64_t(kInt8AccBytes / (size_t(N) * 4)) / 16 * 16));
   auto* wq = static_cast<uint8_t*>(qscratch_.data());
   float* ws = reinterpret_cast<float*>(wq + align256(size_t(block * in)));
-  float* wc = reinterpret_cast<float*>(wq + align256(size_t(block * in)) + align256(size_t(block) * 4));
+  float* wc = ws + align256(size_t(block) * 4) / 4;
+  float* wsum = wc + align256(size_t(block) * 4) / 4;  // requantized rows' code sums (unused)
+  void* wdeq = reinterpret_cast<uint8_t*>(wsum) + align256(size_t(block) * 4);  // their bf16 rows
   auto* acc = static_cast<int32_t*>(int8acc_.reserve(size_t(block * N) * 4));
 
   cublasLtMatmulDesc_t desc_raw = nullptr;
@@ -377,7 +389,13 @@ void CudaBackend::matmul_int8_activations(const void* xb, int64_t N, const Weigh
   const cuda::Dt ydt = y.dtype == DType::BF16 ? cuda::kBF16 : cuda::kF32;
   for (int64_t o0 = 0; o0 < out; o0 += block) {
     const int64_t rows = std::min(block, out - o0);
-    cuda::launch_qcanonical(qweight(w), o0, rows, wq, ws, wc, stream_);
+    if (exact) {
+      cuda::launch_qcanonical(qweight(w), o0, rows, wq, ws, wc, stream_);
+    } else {
+      cuda::launch_qdequant(qweight(w), o0, rows, wdeq, stream_);
+      cuda::launch_quant_rows_int8(wdeq, in, rows, in, wq, ws, wsum, stream_);
+      SALA_CUDA_CHECK(cudaMemsetAsync(wc, 0, size_t(rows) * 4, stream_));
+    }
     if (rows != planned) {
       la = lt_layout(CUDA_R_8I, in, rows, in);
       ld = lt_layout(CUDA_R_32I, rows, N, rows);
