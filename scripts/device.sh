@@ -9,8 +9,8 @@
 # the quality of the packed formats on the 9B shape (quant-quality: `sala quant-quality`, random
 # weights, lm_head kept / quantized), the packed prompt GEMM (qgemm: its kernel table, and decode batches of 128 and
 # 256 sequences with it off / on; SALA_QGEMM_RUNS="FORMAT:MODE ...", SALA_QGEMM_BATCHES and SALA_QGEMM_STEPS
-# choose others), prefill of bf16 against the packed formats (quant-prefill: warm medians of 5 per
-# context), the speculative verify/draft costs (spec-costs) and the serving benchmark (serve-bench:
+# choose others), prefill of bf16 against the packed formats, weight-only and W8A8 (quant-prefill: warm
+# medians of 5 per context; SALA_QPREFILL_RUNS="FORMAT[+w8a8] ..."), the speculative verify/draft costs (spec-costs) and the serving benchmark (serve-bench:
 # scripts/serve_bench.sh, 9B random, concurrency 1/8/32). Missing optional steps are skipped with a message.
 # A short summary table is printed last. Steps can be chosen with
 #   SALA_DEVICE_STEPS="build test bench e2e sala-bench quant-bench quant-quality qgemm quant-prefill spec-costs serve-bench"   (default: all but quant-quality, qgemm, quant-prefill)
@@ -206,10 +206,13 @@ fi
 # ---- prefill A/B, bf16 against packed weights: warm, median of 5 prefills per context ----
 if want quant-prefill; then
   if have_bench; then
-    for q in ${SALA_QPREFILL_RUNS:-none fp8 int8 int4 none}; do
-      run "qprefill-$q" "$OUT/quant_prefill.log" timeout 200 "$SALA" bench --random 9b --backend cuda --quant "$q" \
-        ${SALA_QPREFILL_ARGS:---contexts 4k,16k --batches 1 --decode-steps 4 --prefill-reps 5} \
-        --json "$OUT/qprefill-$q-$SECONDS.json"
+    # FORMAT+w8a8: with the format's W8A8 prefill flag (--fp8-prefill for fp8, --int8-prefill otherwise)
+    for q in ${SALA_QPREFILL_RUNS:-none fp8 fp8+w8a8 int8 int8+w8a8 int4 int4+w8a8 none}; do
+      fmt=${q%+w8a8}; w8a8=()
+      [ "$fmt" != "$q" ] && { [ "$fmt" = fp8 ] && w8a8=(--fp8-prefill) || w8a8=(--int8-prefill); }
+      run "qprefill-$q" "$OUT/quant_prefill.log" timeout 200 "$SALA" bench --random 9b --backend cuda --quant "$fmt" \
+        "${w8a8[@]}" ${SALA_QPREFILL_ARGS:---contexts 4k,16k --batches 1 --decode-steps 4 --prefill-reps 5} \
+        --json "$OUT/qprefill-${q/+/-}-$SECONDS.json"
       if [ "$LAST_RC" -eq 0 ]; then note "qprefill-$q" ok "$LAST_DT" ""; else note "qprefill-$q" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
     done
   fi

@@ -265,11 +265,11 @@ class Backend {
   // Off by default. A backend that cannot run it says so here.
   virtual void set_fp8_prefill(bool on) { fp8_prefill_ = on; }
   bool fp8_prefill() const { return fp8_prefill_; }
-  // `--int8-prefill`: the same for int8 weights with one scale per row (`sala quantize --format
-  // int8`): each activation row quantized to int8 (s_x = max|x| / 127, round to nearest even),
-  // exact int32 products on int8 tensor cores, y = s_w·s_x·Σ q_x·q_w + c_w·s_x·Σ q_x, where
-  // c_w = 128·s_w + b_w is zero for symmetric rows (b_w = −128·s_w) and carries an affine row's
-  // offset. Grouped int8 (MLX) keeps the weight-only product. Off by default.
+  // `--int8-prefill`: the same for int8 and int4 weights: each activation row quantized to int8
+  // (s_x = max|x| / 127, round to nearest even), exact int32 products on int8 tensor cores,
+  // y = s_w·s_x·Σ q_x·q_w + c_w·s_x·Σ q_x. Per-row int8 weights (`sala quantize --format int8`)
+  // enter as they are (q_w = code − 128, c_w = 128·s_w + b_w: zero for symmetric rows); int4 and
+  // grouped int8 (MLX) rows are requantized per row to int8 (c_w = 0). Off by default.
   virtual void set_int8_prefill(bool on) { int8_prefill_ = on; }
   bool int8_prefill() const { return int8_prefill_; }
 

@@ -24,7 +24,7 @@ struct BackendOptions {
   int threads = 0;
   bool deterministic = false;  // batch-invariant numerics (CPU and CUDA backends)
   bool fp8_prefill = false;    // prefill products of FP8 weights in fp8 (W8A8, Backend::set_fp8_prefill)
-  bool int8_prefill = false;   // prefill products of per-row int8 weights in int8 (W8A8, Backend::set_int8_prefill)
+  bool int8_prefill = false;   // prefill products of int8 and int4 weights in int8 (W8A8, Backend::set_int8_prefill)
   void add(CLI::App& app);
   std::unique_ptr<Backend> make() const;
 };

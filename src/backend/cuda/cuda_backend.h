@@ -86,7 +86,7 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   // --fp8-prefill: cuBLASLt's fp8 GEMM with per-row scales (cuda_quant.cpp); sm_89 or newer.
   void set_fp8_prefill(bool on) override;
-  // --int8-prefill: cuBLASLt's int8 GEMM on per-row Q8 weights, exact int32 products (cuda_quant.cpp).
+  // --int8-prefill: cuBLASLt's int8 GEMM on Q8 / Q4 weights, exact int32 products (cuda_quant.cpp).
   void set_int8_prefill(bool on) override;
 
   void create_caches(const CacheSpec& spec) override;

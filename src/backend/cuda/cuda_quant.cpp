@@ -4,8 +4,9 @@
 // launch); on Hopper, for 33–256 rows of matrices whose tiles fill the GPU (257–512 of 8-bit
 // 64M-weight ones), the GEMM that decodes the codes in its load path (quant_gemm.cu); the GEMV in
 // two launches for other products of ≤ 64 rows; above, row blocks dequantized into a fixed bf16
-// scratch that cuBLAS multiplies. With --fp8-prefill / --int8-prefill, per-row FP8 / Q8 weights
-// multiply prefill rows in fp8 / int8 instead (cuBLASLt, activations quantized per row: W8A8).
+// scratch that cuBLAS multiplies. With --fp8-prefill / --int8-prefill, per-row FP8 / Q8 and Q4
+// weights multiply prefill rows in fp8 / int8 instead (cuBLASLt, activations quantized per row:
+// W8A8; Q4 and grouped Q8 rows requantized per row to int8).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
