@@ -244,12 +244,8 @@ void CudaBackend::set_int8_prefill(bool on) {
   int8_prefill_ = on;
 }
 
-// Bytes of qscratch_ per weight row of a block: per-row Q8 codes as int8; other weights (Q4,
-// grouped Q8) also their bf16 dequantization, which is requantized per row. Then scale, offset
-// and code sum per row.
-static size_t int8_block_row_bytes(const Weight& w) {
-  return size_t(w.in()) * (w.format == WeightFormat::Q8 && w.group == w.in() ? 1 : 3) + 12;
-}
+// Bytes of qscratch_ per weight row of a block: the int8 codes, scale and offset.
+static size_t int8_block_row_bytes(const Weight& w) { return size_t(w.in()) + 8; }
 
 std::string CudaBackend::int8_prefill_unfit(const Weight& w, const Mat& y) const {
   // cuBLASLt's int8 operands: leading dimensions multiples of 16 bytes.
@@ -352,9 +348,9 @@ void CudaBackend::matmul_fp8_activations(const void* xb, int64_t N, const Weight
 // y = fma(c_w, s_x·Σq_x, (acc·s_w)·s_x) with acc = Σ_k q_x·q_w exact in int32 (cuBLASLt's int8
 // GEMM; its int8 path has no float output with per-row and per-column scales, so the int32
 // products go through int8acc_ and one epilogue pass, w8a8_prefill.cu). The weight rows as int8:
-// per-row Q8 exactly (code − 128, c_w = 128·s + b); Q4 and grouped Q8 requantized — dequantized to
-// the bf16 rows the weight-only path multiplies, then quantized per row like the activations
-// (c_w = 0). Column-major terms as for fp8: D[rows, N] = Aᵀ·B, A the weight block's rows (K ×
+// per-row Q8 exactly (code − 128, c_w = 128·s + b); Q4 and grouped Q8 requantized — the bf16 rows
+// the weight-only path multiplies, quantized per row like the activations (c_w = 0; one pass,
+// qrequant_int8_kernel). Column-major terms as for fp8: D[rows, N] = Aᵀ·B, A the weight block's rows (K ×
 // rows, ld in), B the quantized x. Blocks are bounded by the weight scratch and by kInt8AccBytes
 // of int32 products.
 void CudaBackend::matmul_int8_activations(const void* xb, int64_t N, const Weight& w, Mat y) {
@@ -372,8 +368,6 @@ void CudaBackend::matmul_int8_activations(const void* xb, int64_t N, const Weigh
   auto* wq = static_cast<uint8_t*>(qscratch_.data());
   float* ws = reinterpret_cast<float*>(wq + align256(size_t(block * in)));
   float* wc = ws + align256(size_t(block) * 4) / 4;
-  float* wsum = wc + align256(size_t(block) * 4) / 4;  // requantized rows' code sums (unused)
-  void* wdeq = reinterpret_cast<uint8_t*>(wsum) + align256(size_t(block) * 4);  // their bf16 rows
   auto* acc = static_cast<int32_t*>(int8acc_.reserve(size_t(block * N) * 4));
 
   cublasLtMatmulDesc_t desc_raw = nullptr;
@@ -390,13 +384,8 @@ void CudaBackend::matmul_int8_activations(const void* xb, int64_t N, const Weigh
   const cuda::Dt ydt = y.dtype == DType::BF16 ? cuda::kBF16 : cuda::kF32;
   for (int64_t o0 = 0; o0 < out; o0 += block) {
     const int64_t rows = std::min(block, out - o0);
-    if (exact) {
-      cuda::launch_qcanonical(qweight(w), o0, rows, wq, ws, wc, stream_);
-    } else {
-      cuda::launch_qdequant(qweight(w), o0, rows, wdeq, stream_);
-      cuda::launch_quant_rows_int8(wdeq, in, rows, in, wq, ws, wsum, stream_);
-      SALA_CUDA_CHECK(cudaMemsetAsync(wc, 0, size_t(rows) * 4, stream_));
-    }
+    if (exact) cuda::launch_qcanonical(qweight(w), o0, rows, wq, ws, wc, stream_);
+    else cuda::launch_qrequant_int8(qweight(w), o0, rows, wq, ws, wc, stream_);
     if (rows != planned) {
       la = lt_layout(CUDA_R_8I, in, rows, in);
       ld = lt_layout(CUDA_R_32I, rows, N, rows);

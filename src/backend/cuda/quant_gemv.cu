@@ -655,6 +655,25 @@ __global__ void qsplit_reduce_kernel(QGemvSet set, const float* __restrict__ spl
   }
 }
 
+// The 4 values of row g + 8·r8, columns k0 + 4t .. + 3 (k0 = the mma step j's first column) of a
+// lane's 16-byte piece c, as f32 (s, b: the row's scale and bias of that step's group).
+template <int FMT>
+__device__ __forceinline__ void decode_piece(const uint4& c, int j, int r8, float s, float b, float v[4]) {
+  if constexpr (FMT == kQ4) {
+    const uint32_t word = word_of(c, j);
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) v[cc] = fmaf(s, float((word >> (4 * (r8 + 2 * (cc >> 1) + 4 * (cc & 1)))) & 0xfu), b);
+  } else if constexpr (FMT == kQ8) {
+    const uint32_t word = word_of(c, 2 * j + r8);
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) v[cc] = fmaf(s, float((word >> (8 * cc)) & 0xffu), b);
+  } else {
+    const uint32_t word = word_of(c, 2 * j + r8);
+    const float2 f01 = f16x2_to_float2(fp8_f16x2(word, 0)), f23 = f16x2_to_float2(fp8_f16x2(word, 1));
+    v[0] = s * (f01.x * 256.f), v[1] = s * (f01.y * 256.f), v[2] = s * (f23.x * 256.f), v[3] = s * (f23.y * 256.f);
+  }
+}
+
 // One thread per lane piece of the row blocks [rb0, rb0 + nrb): rows [row0, row0 + rows) of W.
 // Index arithmetic in 32 bits (≤ 2^31 pieces per call, checked by the launcher).
 template <int FMT>
@@ -678,27 +697,81 @@ __global__ void qdequant_kernel(QWeight w, int64_t rb0, uint32_t nrb, int64_t ro
       for (int r8 = 0; r8 < 2; ++r8) {
         const int64_t row = rb * 16 + g + 8 * r8;
         if (row >= w.out || row >= row0 + rows) continue;
-        const float s = r8 ? p.z : p.x, b = r8 ? p.w : p.y;
         float v[4];
-        if constexpr (FMT == kQ4) {
-          const uint32_t word = word_of(c, j);
-#pragma unroll
-          for (int cc = 0; cc < 4; ++cc)
-            v[cc] = fmaf(s, float((word >> (4 * (r8 + 2 * (cc >> 1) + 4 * (cc & 1)))) & 0xfu), b);
-        } else if constexpr (FMT == kQ8) {
-          const uint32_t word = word_of(c, 2 * j + r8);
-#pragma unroll
-          for (int cc = 0; cc < 4; ++cc) v[cc] = fmaf(s, float((word >> (8 * cc)) & 0xffu), b);
-        } else {
-          const uint32_t word = word_of(c, 2 * j + r8);
-          const float2 f01 = f16x2_to_float2(fp8_f16x2(word, 0)), f23 = f16x2_to_float2(fp8_f16x2(word, 1));
-          v[0] = s * (f01.x * 256.f), v[1] = s * (f01.y * 256.f), v[2] = s * (f23.x * 256.f), v[3] = s * (f23.y * 256.f);
-        }
+        decode_piece<FMT>(c, j, r8, r8 ? p.z : p.x, r8 ? p.w : p.y, v);
         uint2 out;
         out.x = pack_bf16x2(v[0], v[1]);
         out.y = pack_bf16x2(v[2], v[3]);
         *reinterpret_cast<uint2*>(dst + (row - row0) * in + k) = out;
       }
+    }
+  }
+}
+
+// --int8-prefill for Q4 / grouped Q8 (w8a8_prefill.cu's activation rule applied to weight rows):
+// one CTA per row block; each row's values as the bf16 the dequantization above writes, then
+// s = max|w| / 127 per row and q = rint(w / s) clamped to ±127 as row-major int8, the same bits as
+// qdequant + quant_rows_int8, in one pass over the codes plus a re-read from L1/L2. Offsets 0.
+template <int FMT>
+__global__ void __launch_bounds__(256) qrequant_int8_kernel(QWeight w, int64_t rb0, int64_t row0, int64_t rows,
+                                                            int8_t* __restrict__ dst, float* __restrict__ scales,
+                                                            float* __restrict__ offsets) {
+  constexpr int KT = tile_k(FMT), MT = KT / 16;
+  const int64_t in = w.in, rb = rb0 + blockIdx.x;
+  const uint32_t G = uint32_t(w.group), ktiles = uint32_t((in + KT - 1) / KT), groups = uint32_t(in / w.group);
+  __shared__ unsigned rowmax[16];  // |w| bits: non-negative floats order as unsigned integers
+  if (threadIdx.x < 16) rowmax[threadIdx.x] = 0;
+  __syncthreads();
+  // f(r8, k, 4 bf16-rounded values) for the thread's pieces: rows g and g + 8 of the block, g fixed
+  // per thread (the pieces it visits are 256 apart, so its lane is always the same).
+  auto each = [&](auto&& f) {
+    for (uint32_t i = threadIdx.x; i < ktiles * 32; i += blockDim.x) {
+      const int lane = int(i % 32), g = lane / 4, t = lane % 4;
+      const uint32_t kt = i / 32;
+      const uint4 c = __ldg(static_cast<const uint4*>(w.codes) + (rb * ktiles + kt) * 32 + lane);
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        const uint32_t k = kt * KT + 16 * j + 4 * t;
+        if (k >= in) break;
+        const float4 p = __ldg(reinterpret_cast<const float4*>(w.params) + (rb * groups + (k - 4 * t) / G) * 8 + g);
+#pragma unroll
+        for (int r8 = 0; r8 < 2; ++r8) {
+          float v[4];
+          decode_piece<FMT>(c, j, r8, r8 ? p.z : p.x, r8 ? p.w : p.y, v);
+#pragma unroll
+          for (int cc = 0; cc < 4; ++cc) v[cc] = __bfloat162float(__float2bfloat16_rn(v[cc]));
+          f(r8, k, v);
+        }
+      }
+    }
+  };
+  const int g = int(threadIdx.x % 32) / 4;
+  float m[2] = {0.f, 0.f};
+  each([&](int r8, uint32_t, const float v[4]) {
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) m[r8] = fmaxf(m[r8], fabsf(v[cc]));
+  });
+#pragma unroll
+  for (int r8 = 0; r8 < 2; ++r8)
+    if (m[r8] > 0.f) atomicMax(&rowmax[g + 8 * r8], __float_as_uint(m[r8]));
+  __syncthreads();
+  each([&](int r8, uint32_t k, const float v[4]) {
+    const int r = g + 8 * r8;
+    const int64_t row = rb * 16 + r;
+    if (row >= w.out || row >= row0 + rows) return;
+    const float amax = __uint_as_float(rowmax[r]), s = amax > 0.f ? __fdiv_rn(amax, 127.f) : 1.f;
+    uint32_t packed = 0;
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc)
+      packed |= uint32_t(max(-127, min(127, __float2int_rn(__fdiv_rn(v[cc], s)))) & 0xff) << (8 * cc);
+    *reinterpret_cast<uint32_t*>(dst + (row - row0) * in + k) = packed;
+  });
+  if (threadIdx.x < 16) {
+    const int64_t row = rb * 16 + threadIdx.x;
+    if (row < w.out && row < row0 + rows) {
+      const float amax = __uint_as_float(rowmax[threadIdx.x]);
+      scales[row - row0] = amax > 0.f ? __fdiv_rn(amax, 127.f) : 1.f;
+      offsets[row - row0] = 0.f;
     }
   }
 }
@@ -1107,6 +1180,19 @@ void launch_qdequant(const QWeight& w, int64_t row0, int64_t rows, void* dst, cu
     default: SALA_CUDA_REQUIRE(false, "qdequant: unknown packed format");
   }
   SALA_CUDA_LAUNCH("qdequant kernel");
+}
+
+void launch_qrequant_int8(const QWeight& w, int64_t row0, int64_t rows, void* codes, float* scales, float* offsets,
+                          cudaStream_t st) {
+  if (rows <= 0) return;
+  SALA_CUDA_REQUIRE(w.fmt == kQ4 || w.fmt == kQ8, "qrequant_int8: Q4 or Q8 weights only");
+  SALA_CUDA_REQUIRE(row0 % 16 == 0 && w.in % 4 == 0, "qrequant_int8: first row must start a row block");
+  const int64_t nrb = (rows + 15) / 16;
+  SALA_CUDA_REQUIRE(nrb < (int64_t(1) << 31), "qrequant_int8: too many rows per call");
+  auto* d = static_cast<int8_t*>(codes);
+  if (w.fmt == kQ4) qrequant_int8_kernel<kQ4><<<unsigned(nrb), 256, 0, st>>>(w, row0 / 16, row0, rows, d, scales, offsets);
+  else qrequant_int8_kernel<kQ8><<<unsigned(nrb), 256, 0, st>>>(w, row0 / 16, row0, rows, d, scales, offsets);
+  SALA_CUDA_LAUNCH("qrequant_int8 kernel");
 }
 
 void launch_qtile(const QWeight& w, const void* canonical, void* tiles, cudaStream_t st) {

@@ -5,7 +5,8 @@
 // scales (Q8: and offsets 128·s + b); and, for int8, the epilogue that turns cuBLASLt's exact int32
 // products into y = fma(c_w, s_x·Σq_x, (acc·s_w)·s_x) — its int8 GEMM has no float output with
 // per-row and per-token scales, unlike the fp8 one (outer-vector scales). Q4 and grouped Q8
-// weights reach int8 through the bf16 dequantization (quant_gemv.cu) and the activation quantizer.
+// weights reach int8 through qrequant_int8_kernel (quant_gemv.cu): the activation quantizer's
+// rule applied to their bf16 rows.
 //
 // Speed of light (H100, ~3 TB/s): the weight pass reads and writes 1 byte per weight (the bf16
 // dequantization it replaces writes 2, which the bf16 GEMM then reads again): 16.8 M weights of
