@@ -674,37 +674,48 @@ __device__ __forceinline__ void decode_piece(const uint4& c, int j, int r8, floa
   }
 }
 
+// The values of one lane piece (row block rb, k tile kt, lane): f(r8, k, v) with v the 4 values of
+// row 16·rb + g + 8·r8, columns k .. k + 3, for each mma step of the tile (a step's 16 columns
+// share one group: group % 16 == 0, or one per row).
+template <int FMT, typename F>
+__device__ __forceinline__ void piece_values(const QWeight& w, int64_t rb, uint32_t kt, int lane, uint32_t ktiles,
+                                             F&& f) {
+  constexpr int KT = tile_k(FMT), MT = KT / 16;
+  const int g = lane / 4, t = lane % 4;
+  const uint32_t G = uint32_t(w.group), groups = uint32_t(w.in / w.group);
+  const uint4 c = __ldg(static_cast<const uint4*>(w.codes) + (rb * ktiles + kt) * 32 + lane);
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+    const uint32_t k = kt * KT + 16 * j + 4 * t;
+    if (k >= w.in) break;
+    const float4 p = __ldg(reinterpret_cast<const float4*>(w.params) + (rb * groups + (k - 4 * t) / G) * 8 + g);
+#pragma unroll
+    for (int r8 = 0; r8 < 2; ++r8) {
+      float v[4];
+      decode_piece<FMT>(c, j, r8, r8 ? p.z : p.x, r8 ? p.w : p.y, v);
+      f(r8, k, v);
+    }
+  }
+}
+
 // One thread per lane piece of the row blocks [rb0, rb0 + nrb): rows [row0, row0 + rows) of W.
 // Index arithmetic in 32 bits (≤ 2^31 pieces per call, checked by the launcher).
 template <int FMT>
 __global__ void qdequant_kernel(QWeight w, int64_t rb0, uint32_t nrb, int64_t row0, int64_t rows, bf16* dst) {
-  constexpr int KT = tile_k(FMT), MT = KT / 16;
+  constexpr int KT = tile_k(FMT);
   const int64_t in = w.in;
-  const uint32_t G = uint32_t(w.group), ktiles = uint32_t((in + KT - 1) / KT), groups = uint32_t(in / w.group);
-  const uint32_t total = nrb * ktiles * 32;
+  const uint32_t ktiles = uint32_t((in + KT - 1) / KT), total = nrb * ktiles * 32;
   for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const int lane = int(i % 32), g = lane / 4, t = lane % 4;
-    const uint32_t kt = (i / 32) % ktiles;
+    const int lane = int(i % 32), g = lane / 4;
     const int64_t rb = rb0 + (i / 32) / ktiles;
-    const uint4 c = __ldg(static_cast<const uint4*>(w.codes) + (rb * ktiles + kt) * 32 + lane);
-#pragma unroll
-    for (int j = 0; j < MT; ++j) {
-      const uint32_t k = kt * KT + 16 * j + 4 * t;
-      if (k >= in) break;
-      // The mma step's 16 columns share one group (group % 16 == 0, or one per row).
-      const float4 p = __ldg(reinterpret_cast<const float4*>(w.params) + (rb * groups + (k - 4 * t) / G) * 8 + g);
-#pragma unroll
-      for (int r8 = 0; r8 < 2; ++r8) {
-        const int64_t row = rb * 16 + g + 8 * r8;
-        if (row >= w.out || row >= row0 + rows) continue;
-        float v[4];
-        decode_piece<FMT>(c, j, r8, r8 ? p.z : p.x, r8 ? p.w : p.y, v);
-        uint2 out;
-        out.x = pack_bf16x2(v[0], v[1]);
-        out.y = pack_bf16x2(v[2], v[3]);
-        *reinterpret_cast<uint2*>(dst + (row - row0) * in + k) = out;
-      }
-    }
+    piece_values<FMT>(w, rb, (i / 32) % ktiles, lane, ktiles, [&](int r8, uint32_t k, const float v[4]) {
+      const int64_t row = rb * 16 + g + 8 * r8;
+      if (row >= w.out || row >= row0 + rows) return;
+      uint2 out;
+      out.x = pack_bf16x2(v[0], v[1]);
+      out.y = pack_bf16x2(v[2], v[3]);
+      *reinterpret_cast<uint2*>(dst + (row - row0) * in + k) = out;
+    });
   }
 }
 
@@ -716,34 +727,21 @@ template <int FMT>
 __global__ void __launch_bounds__(256) qrequant_int8_kernel(QWeight w, int64_t rb0, int64_t row0, int64_t rows,
                                                             int8_t* __restrict__ dst, float* __restrict__ scales,
                                                             float* __restrict__ offsets) {
-  constexpr int KT = tile_k(FMT), MT = KT / 16;
+  constexpr int KT = tile_k(FMT);
   const int64_t in = w.in, rb = rb0 + blockIdx.x;
-  const uint32_t G = uint32_t(w.group), ktiles = uint32_t((in + KT - 1) / KT), groups = uint32_t(in / w.group);
+  const uint32_t ktiles = uint32_t((in + KT - 1) / KT);
   __shared__ unsigned rowmax[16];  // |w| bits: non-negative floats order as unsigned integers
   if (threadIdx.x < 16) rowmax[threadIdx.x] = 0;
   __syncthreads();
   // f(r8, k, 4 bf16-rounded values) for the thread's pieces: rows g and g + 8 of the block, g fixed
   // per thread (the pieces it visits are 256 apart, so its lane is always the same).
   auto each = [&](auto&& f) {
-    for (uint32_t i = threadIdx.x; i < ktiles * 32; i += blockDim.x) {
-      const int lane = int(i % 32), g = lane / 4, t = lane % 4;
-      const uint32_t kt = i / 32;
-      const uint4 c = __ldg(static_cast<const uint4*>(w.codes) + (rb * ktiles + kt) * 32 + lane);
+    for (uint32_t i = threadIdx.x; i < ktiles * 32; i += blockDim.x)
+      piece_values<FMT>(w, rb, i / 32, int(i % 32), ktiles, [&](int r8, uint32_t k, float v[4]) {
 #pragma unroll
-      for (int j = 0; j < MT; ++j) {
-        const uint32_t k = kt * KT + 16 * j + 4 * t;
-        if (k >= in) break;
-        const float4 p = __ldg(reinterpret_cast<const float4*>(w.params) + (rb * groups + (k - 4 * t) / G) * 8 + g);
-#pragma unroll
-        for (int r8 = 0; r8 < 2; ++r8) {
-          float v[4];
-          decode_piece<FMT>(c, j, r8, r8 ? p.z : p.x, r8 ? p.w : p.y, v);
-#pragma unroll
-          for (int cc = 0; cc < 4; ++cc) v[cc] = __bfloat162float(__float2bfloat16_rn(v[cc]));
-          f(r8, k, v);
-        }
-      }
-    }
+        for (int cc = 0; cc < 4; ++cc) v[cc] = __bfloat162float(__float2bfloat16_rn(v[cc]));
+        f(r8, k, v);
+      });
   };
   const int g = int(threadIdx.x % 32) / 4;
   float m[2] = {0.f, 0.f};
