@@ -278,6 +278,24 @@ void lt_set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const V
   SALA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof v));
 }
 
+// A matmul descriptor of D[rows, N] = Aᵀ·B (A: weight rows, K × rows; B: activations, K × N).
+LtPtr<cublasLtMatmulDesc_t> lt_tn_desc(cublasComputeType_t compute, cudaDataType_t scale) {
+  cublasLtMatmulDesc_t d = nullptr;
+  SALA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, compute, scale));
+  LtPtr<cublasLtMatmulDesc_t> desc(d);
+  lt_set(d, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+  lt_set(d, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  return desc;
+}
+
+// cuBLASLt's first choice for these layouts (D written in place of C); false when it has none.
+bool lt_algo(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+             cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t pref, cublasLtMatmulHeuristicResult_t* heur) {
+  int found = 0;
+  SALA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, a, b, d, d, pref, 1, heur, &found));
+  return found > 0;
+}
+
 // Algorithms that fit the backend's cuBLAS workspace.
 LtPtr<cublasLtMatmulPreference_t> lt_preference() {
   cublasLtMatmulPreference_t p = nullptr;
@@ -307,16 +325,12 @@ void CudaBackend::matmul_fp8_activations(const void* xb, int64_t N, const Weight
   auto* wq = static_cast<uint8_t*>(qscratch_.data());
   float* ws = reinterpret_cast<float*>(wq + align256(size_t(block * in)));
 
-  cublasLtMatmulDesc_t desc_raw = nullptr;
-  SALA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_raw, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const LtPtr<cublasLtMatmulDesc_t> desc(desc_raw);
-  lt_set(desc_raw, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
-  lt_set(desc_raw, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  const LtPtr<cublasLtMatmulDesc_t> desc = lt_tn_desc(CUBLAS_COMPUTE_32F, CUDA_R_32F);
   const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-  lt_set(desc_raw, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, outer);
-  lt_set(desc_raw, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, outer);
-  lt_set(desc_raw, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(ws));
-  lt_set(desc_raw, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(xs));
+  lt_set(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_MODE, outer);
+  lt_set(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_MODE, outer);
+  lt_set(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(ws));
+  lt_set(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(xs));
   const cudaDataType_t dtype = y.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
   const auto lb = lt_layout(CUDA_R_8F_E4M3, in, N, in);
   const LtPtr<cublasLtMatmulPreference_t> pref = lt_preference();
@@ -332,15 +346,13 @@ void CudaBackend::matmul_fp8_activations(const void* xb, int64_t N, const Weight
     if (rows != planned) {
       la = lt_layout(CUDA_R_8F_E4M3, in, rows, in);
       ld = lt_layout(dtype, rows, N, y.cols);
-      int found = 0;
-      SALA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublas_lt_, desc_raw, la.get(), lb.get(), ld.get(), ld.get(),
-                                                       pref.get(), 1, &heur, &found));
-      SALA_CHECK(found > 0, "--fp8-prefill: cuBLASLt has no fp8 GEMM for [{}, {}] x [{}, {}] -> {} on {}", N, in,
-                 rows, in, dtype_name(y.dtype), props_.name);
+      SALA_CHECK(lt_algo(cublas_lt_, desc.get(), la.get(), lb.get(), ld.get(), pref.get(), &heur),
+                 "--fp8-prefill: cuBLASLt has no fp8 GEMM for [{}, {}] x [{}, {}] -> {} on {}", N, in, rows, in,
+                 dtype_name(y.dtype), props_.name);
       planned = rows;
     }
     void* d = static_cast<uint8_t*>(y.data) + size_t(o0) * dtype_size(y.dtype);
-    SALA_CUBLAS_CHECK(cublasLtMatmul(cublas_lt_, desc_raw, &alpha, wq, la.get(), xq, lb.get(), &beta, d, ld.get(), d,
+    SALA_CUBLAS_CHECK(cublasLtMatmul(cublas_lt_, desc.get(), &alpha, wq, la.get(), xq, lb.get(), &beta, d, ld.get(), d,
                                      ld.get(), &heur.algo, cublas_ws_, kCublasWorkspace, stream_));
   }
 }
@@ -370,11 +382,7 @@ void CudaBackend::matmul_int8_activations(const void* xb, int64_t N, const Weigh
   float* wc = ws + align256(size_t(block) * 4) / 4;
   auto* acc = static_cast<int32_t*>(int8acc_.reserve(size_t(block * N) * 4));
 
-  cublasLtMatmulDesc_t desc_raw = nullptr;
-  SALA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_raw, CUBLAS_COMPUTE_32I, CUDA_R_32I));
-  const LtPtr<cublasLtMatmulDesc_t> desc(desc_raw);
-  lt_set(desc_raw, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
-  lt_set(desc_raw, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  const LtPtr<cublasLtMatmulDesc_t> desc = lt_tn_desc(CUBLAS_COMPUTE_32I, CUDA_R_32I);
   const auto lb = lt_layout(CUDA_R_8I, in, N, in);
   const LtPtr<cublasLtMatmulPreference_t> pref = lt_preference();
   LtPtr<cublasLtMatrixLayout_t> la, ld;
@@ -389,14 +397,12 @@ void CudaBackend::matmul_int8_activations(const void* xb, int64_t N, const Weigh
     if (rows != planned) {
       la = lt_layout(CUDA_R_8I, in, rows, in);
       ld = lt_layout(CUDA_R_32I, rows, N, rows);
-      int found = 0;
-      SALA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublas_lt_, desc_raw, la.get(), lb.get(), ld.get(), ld.get(),
-                                                       pref.get(), 1, &heur, &found));
-      SALA_CHECK(found > 0, "--int8-prefill: cuBLASLt has no int8 GEMM for [{}, {}] x [{}, {}] on {}", N, in, rows,
-                 in, props_.name);
+      SALA_CHECK(lt_algo(cublas_lt_, desc.get(), la.get(), lb.get(), ld.get(), pref.get(), &heur),
+                 "--int8-prefill: cuBLASLt has no int8 GEMM for [{}, {}] x [{}, {}] on {}", N, in, rows, in,
+                 props_.name);
       planned = rows;
     }
-    SALA_CUBLAS_CHECK(cublasLtMatmul(cublas_lt_, desc_raw, &alpha, wq, la.get(), xq, lb.get(), &beta, acc, ld.get(),
+    SALA_CUBLAS_CHECK(cublasLtMatmul(cublas_lt_, desc.get(), &alpha, wq, la.get(), xq, lb.get(), &beta, acc, ld.get(),
                                      acc, ld.get(), &heur.algo, cublas_ws_, kCublasWorkspace, stream_));
     cuda::launch_int8_epilogue(acc, rows, N, ws, wc, xs, xsum,
                                static_cast<uint8_t*>(y.data) + size_t(o0) * dtype_size(y.dtype), ydt, y.cols, stream_);
