@@ -13,7 +13,10 @@
 # medians of 5 per context; SALA_QPREFILL_RUNS="FORMAT[+w8a8] ..."), the speculative verify/draft costs (spec-costs) and the serving benchmark (serve-bench:
 # scripts/serve_bench.sh, 9B random, concurrency 1/8/32). Missing optional steps are skipped with a message.
 # A short summary table is printed last. Steps can be chosen with
-#   SALA_DEVICE_STEPS="build test bench e2e sala-bench quant-bench quant-quality qgemm quant-prefill spec-costs serve-bench"   (default: all but quant-quality, qgemm, quant-prefill)
+#   SALA_DEVICE_STEPS="build test bench e2e sala-bench quant-bench quant-quality qgemm quant-prefill decode-fusion spec-costs serve-bench"
+#   (default: all but quant-quality, qgemm, quant-prefill, decode-fusion). decode-fusion: batch-1 decode at 4K with the
+#   mixers' small ops fused (default: lightning q/k norms in the GLA launch, sparse output gate in the attention
+#   stores) and as their own launches (SALA_CUDA_MIXER_FUSION=0), per format; SALA_FUSION_RUNS="FORMAT[+lm]:0|1 ...".
 # Exit status: non-zero if the build or any run step failed.
 set -uo pipefail
 ROOT=$(pwd)
@@ -214,6 +217,21 @@ if want quant-prefill; then
         "${w8a8[@]}" ${SALA_QPREFILL_ARGS:---contexts 4k,16k --batches 1 --decode-steps 4 --prefill-reps 5} \
         --json "$OUT/qprefill-${q/+/-}-$SECONDS.json"
       if [ "$LAST_RC" -eq 0 ]; then note "qprefill-$q" ok "$LAST_DT" ""; else note "qprefill-$q" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
+    done
+  fi
+fi
+
+# ---- decode at batch 1, 4K: the mixers' small ops fused (default) against their own launches
+# (SALA_CUDA_MIXER_FUSION=0), each pair on the same machine ----
+if want decode-fusion; then
+  if have_bench; then
+    for q in ${SALA_FUSION_RUNS:-none:0 none:1 fp8:0 fp8:1 int8:0 int8:1 int4:0 int4:1 fp8+lm:1 int8+lm:1 int4+lm:1 none:1}; do
+      fmt=${q%%:*} fuse=${q##*:} lm=()
+      [ "${fmt%+lm}" != "$fmt" ] && { lm=(--quant-lm-head); fmt=${fmt%+lm}; }
+      run "fusion-$q" "$OUT/decode_fusion.log" env SALA_CUDA_MIXER_FUSION="$fuse" timeout 200 "$SALA" bench --random 9b \
+        --backend cuda --quant "$fmt" "${lm[@]}" --contexts 4k --batches 1 --decode-steps 32 \
+        --json "$OUT/fusion-${fmt}${lm:+-lm}-$fuse-$SECONDS.json"
+      if [ "$LAST_RC" -eq 0 ]; then note "fusion-$q" ok "$LAST_DT" ""; else note "fusion-$q" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
     done
   fi
 fi

@@ -10,6 +10,27 @@ std::unique_ptr<Backend> make_cuda_backend(int device, bool batch_invariant);  /
 bool cuda_device_available();
 #endif
 
+void Backend::lightning_block(int layer, Mat q, Mat k, const Mat& v, const LightningNorms& n, Mat out) {
+  SALA_CHECK(!n.q_norm == !n.k_norm, "lightning_block: q_norm and k_norm come together");
+  if (n.q_norm) {
+    qk_norm_rope(q, k, *n.q_norm, *n.k_norm, n.eps, n.head_dim, n.rope, n.theta);
+  } else if (n.rope) {
+    rope(q, n.head_dim, n.theta);
+    rope(k, n.head_dim, n.theta);
+  }
+  lightning_attention(layer, q, k, v, out);
+  lightning_output(n, out);
+}
+
+void Backend::lightning_output(const LightningNorms& n, Mat out) {
+  if (n.o_norm && n.z)
+    rmsnorm_gate(out, *n.o_norm, n.eps, *n.z, out);
+  else if (n.o_norm)
+    rmsnorm(out, *n.o_norm, n.eps, out);
+  else if (n.z)
+    sigmoid_mul(out, *n.z, out);
+}
+
 std::vector<std::string> available_backends() {
   std::vector<std::string> names{"cpu"};
 #ifdef SALA_HAS_CUDA

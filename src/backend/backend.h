@@ -216,6 +216,23 @@ class Backend {
   // tokens, starting from and updating the state in the sequence's slot (spec §3.6–3.8).
   // q, k, v: [N, heads*dim] after q/k norm and RoPE; out: [N, heads*dim].
   virtual void lightning_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) = 0;
+  // The lightning mixer between its projections and o_proj (spec §3): per-head q/k RMSNorm and
+  // RoPE, lightning_attention, then the output RMSNorm and sigmoid gate, into out. q and k may be
+  // left as they were or normalised. Default: the separate ops; a backend may fuse some (CUDA
+  // decode: the q/k norms inside the GLA step's launch), with the same values.
+  struct LightningNorms {
+    const Weight* q_norm = nullptr;  // with k_norm: per-head RMSNorm; null: q, k enter as they are
+    const Weight* k_norm = nullptr;
+    bool rope = false;               // RoPE at the batch positions
+    double theta = 0;
+    int head_dim = 0;
+    const Weight* o_norm = nullptr;  // output RMSNorm over the row; null: none
+    const Mat* z = nullptr;          // output gate: out·sigmoid(z); null: none
+    float eps = 0;
+  };
+  virtual void lightning_block(int layer, Mat q, Mat k, const Mat& v, const LightningNorms& n, Mat out);
+  // lightning_block's last part: the output norm and gate of n applied to out in place.
+  void lightning_output(const LightningNorms& n, Mat out);
 
   // Exact rollback of lightning layer `layer` (spec §6.2): sets the state in `slot` to the state
   // of `snapshot_slot` advanced by the first `keep` tokens of k, v ([>= keep, kv_heads*dim], the
@@ -230,6 +247,13 @@ class Backend {
   // its own position — dense causal (§4.3) or InfLLM-v2 (§4.5–4.8) as SeqEntry::sparse says.
   // q: [N, q_heads*dim]; k, v: [N, kv_heads*dim]; out: [N, q_heads*dim].
   virtual void sparse_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) = 0;
+  // sparse_attention followed, when gate is given, by the output gate out = out·sigmoid(gate) (the
+  // sparse layers' o_gate). Default: the two ops; a backend may fuse them (CUDA: the attention
+  // kernels' stores), with the same values.
+  virtual void sparse_block(int layer, const Mat& q, const Mat& k, const Mat& v, const Mat* gate, Mat out) {
+    sparse_attention(layer, q, k, v, out);
+    if (gate) sigmoid_mul(out, *gate, out);
+  }
 
   // ---- Optional graph capture/replay of a whole forward (CUDA graphs; the CPU ignores it) ----
   // After begin_batch, the model calls graph_replay(key): true means the backend had a recording

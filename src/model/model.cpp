@@ -112,14 +112,21 @@ void Model::lightning_mixer(int layer, const LayerWeights& w, const Mat& x, Mat 
   Mat v = v_.slice_rows(0, n).reshape(n, kw), attn = attn_.slice_rows(0, n).reshape(n, qw);
   Mat z = z_.slice_rows(0, n).reshape(n, qw);
   project(x, {{{&w.q, q}, {&w.k, k}, {&w.v, v}, {&w.z, z}}}, c.use_output_gate ? 4 : 3);
-  if (c.qk_norm) {
-    backend_.qk_norm_rope(q, k, w.q_norm, w.k_norm, c.rms_norm_eps, c.lightning_head_dim, c.lightning_use_rope,
-                          c.rope_theta);
-  } else if (c.lightning_use_rope) {
-    backend_.rope(q, c.lightning_head_dim, c.rope_theta);
-    backend_.rope(k, c.lightning_head_dim, c.rope_theta);
-  }
-  if (capture_on_) {
+  Backend::LightningNorms norms;
+  if (c.qk_norm) norms.q_norm = &w.q_norm, norms.k_norm = &w.k_norm;
+  norms.rope = c.lightning_use_rope;
+  norms.theta = c.rope_theta;
+  norms.head_dim = c.lightning_head_dim;
+  if (c.use_output_norm) norms.o_norm = &w.o_norm;
+  if (c.use_output_gate) norms.z = &z;
+  norms.eps = c.rms_norm_eps;
+  if (capture_on_) {  // speculative verify: the post-norm/RoPE k, v rows are kept for rollback
+    if (norms.q_norm)
+      backend_.qk_norm_rope(q, k, w.q_norm, w.k_norm, c.rms_norm_eps, c.lightning_head_dim, norms.rope, c.rope_theta);
+    else if (norms.rope)
+      backend_.rope(q, c.lightning_head_dim, c.rope_theta), backend_.rope(k, c.lightning_head_dim, c.rope_theta);
+    norms.q_norm = norms.k_norm = nullptr;
+    norms.rope = false;
     const int li = config_.kind_index(layer);
     const int64_t m = std::min(n, capture_cap_);
     backend_.gather_rows(k, std::span(capture_index_).first(size_t(m)), cap_k_[size_t(li)].slice_rows(0, m));
@@ -127,13 +134,7 @@ void Model::lightning_mixer(int layer, const LayerWeights& w, const Mat& x, Mat 
     captured_rows_ = m;
     captured_layers_ = li + 1;
   }
-  backend_.lightning_attention(config_.kind_index(layer), q, k, v, attn);
-  if (c.use_output_norm && c.use_output_gate)
-    backend_.rmsnorm_gate(attn, w.o_norm, c.rms_norm_eps, z, attn);
-  else if (c.use_output_norm)
-    backend_.rmsnorm(attn, w.o_norm, c.rms_norm_eps, attn);
-  else if (c.use_output_gate)
-    backend_.sigmoid_mul(attn, z, attn);
+  backend_.lightning_block(config_.kind_index(layer), q, k, v, norms, attn);
   backend_.matmul(attn, w.o, out);
 }
 
@@ -150,8 +151,7 @@ void Model::sparse_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out
     backend_.rope(q, c.head_dim, c.rope_theta);
     backend_.rope(k, c.head_dim, c.rope_theta);
   }
-  backend_.sparse_attention(config_.kind_index(layer), q, k, v, attn);
-  if (c.attn_use_output_gate) backend_.sigmoid_mul(attn, z, attn);
+  backend_.sparse_block(config_.kind_index(layer), q, k, v, c.attn_use_output_gate ? &z : nullptr, attn);
   backend_.matmul(attn, w.o, out);
 }
 

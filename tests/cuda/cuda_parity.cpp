@@ -547,6 +547,99 @@ void test_lightning(Ctx& C, Rng& r) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// lightning_block on recurrent calls (decode, verify; CUDA: the q/k norms + RoPE inside the GLA
+// launch) against the same GPU ops unfused (the Backend:: default calling the separate launches) —
+// the same bits, since the fused prologue keeps qk_norm_rope_bf16's arithmetic — and against the
+// CPU. The fused launches are counted: a silent fall-back to the separate ops fails the check.
+void test_lightning_block(Ctx& C, Rng& r) {
+  for (int d : {128, 64})
+    for (bool rope : {true, false}) {
+      const int H = 4096 / d;
+      CacheSpec spec;
+      spec.lightning_layers = 2;
+      spec.lightning_heads = H;
+      spec.lightning_dim = d;
+      spec.log_decay = slopes_log_decay(H);
+      spec.lightning_scale = 1.0f / std::sqrt(float(d));
+      spec.max_slots = 6;
+      C.cpu.create_caches(spec);
+      C.gpu.create_caches(spec);
+      for (int s = 0; s < 6; ++s) C.cpu.reset_state(s), C.gpu.reset_state(s);
+      auto qn = randn(r, size_t(d), 0.2f, 1.f), kn = randn(r, size_t(d), 0.2f, 1.f),
+           on = randn(r, size_t(H * d), 0.2f, 1.f);
+      TensorView tq{qn.data(), DType::F32, {d}}, tk{kn.data(), DType::F32, {d}}, to{on.data(), DType::F32, {H * d}};
+      Weight qnc = C.cpu.load_vector(tq), knc = C.cpu.load_vector(tk), onc = C.cpu.load_vector(to);
+      Weight qng = C.gpu.load_vector(tq), kng = C.gpu.load_vector(tk), ong = C.gpu.load_vector(to);
+      // Three sequences per call (decode steps and verify-sized calls), packed in the order seq 1,
+      // seq 0, seq 2; the fused launch on slots 0-2, the separate ops on slots 3-5.
+      const std::vector<std::array<int64_t, 3>> calls = {{1, 1, 1}, {1, 5, 2}, {3, 1, 1}, {1, 1, 1}};
+      std::array<int64_t, 3> len{0, 0, 0};
+      bool same = true;
+      double worst = 0;
+      const int64_t fused_before = C.gpu.fused_gla_launches();
+      for (const auto& call : calls) {
+        auto batch = [&](int slot0) {
+          BatchInfo b;
+          const int order[3] = {1, 0, 2};
+          std::array<int64_t, 3> start{};
+          int64_t row = 0;
+          for (int oi : order) start[size_t(oi)] = row, row += call[size_t(oi)];
+          for (int si = 0; si < 3; ++si) {
+            SeqEntry e;
+            e.slot = slot0 + si;
+            e.start = start[size_t(si)];
+            e.n_new = call[size_t(si)];
+            e.cached = len[size_t(si)];
+            b.seqs.push_back(e);
+          }
+          for (int64_t i = 0; i < row; ++i) b.tokens.push_back(1), b.positions.push_back(int32_t(1000 * len[0] + 17 * i));
+          return b;
+        };
+        const BatchInfo b0 = batch(0), b3 = batch(3);
+        const int64_t N = int64_t(b0.tokens.size()), w = int64_t(H) * d;
+        auto q = randn(r, size_t(N * w)), k = randn(r, size_t(N * w)), v = randn(r, size_t(N * w)),
+             z = randn(r, size_t(N * w));
+        Mat zg = C.gmat(DType::BF16, N, w, &z), zc = C.cmat(N, w, &z);
+        Backend::LightningNorms ng, nc;
+        ng.q_norm = &qng, ng.k_norm = &kng, ng.o_norm = &ong, ng.z = &zg;
+        nc.q_norm = &qnc, nc.k_norm = &knc, nc.o_norm = &onc, nc.z = &zc;
+        ng.rope = nc.rope = rope;
+        ng.theta = nc.theta = 10000.0;
+        ng.head_dim = nc.head_dim = d;
+        ng.eps = nc.eps = 1e-6f;
+        C.gpu.begin_batch(b0);
+        Mat og = C.gmat(DType::BF16, N, w);
+        C.gpu.lightning_block(1, C.gmat(DType::BF16, N, w, &q), C.gmat(DType::BF16, N, w, &k),
+                              C.gmat(DType::BF16, N, w, &v), ng, og);
+        C.gpu.begin_batch(b3);
+        Mat o2 = C.gmat(DType::BF16, N, w);
+        C.gpu.Backend::lightning_block(1, C.gmat(DType::BF16, N, w, &q), C.gmat(DType::BF16, N, w, &k),
+                                       C.gmat(DType::BF16, N, w, &v), ng, o2);
+        C.cpu.begin_batch(b0);
+        Mat oc = C.cmat(N, w);
+        C.cpu.lightning_block(1, C.cmat(N, w, &q), C.cmat(N, w, &k), C.cmat(N, w, &v), nc, oc);
+        const auto got = C.gget(og);
+        same = same && got == C.gget(o2);
+        worst = std::max(worst, rel_err(got, C.cget(oc)));
+        for (int si = 0; si < 3; ++si) len[size_t(si)] += call[size_t(si)];
+        C.keep.clear();
+      }
+      const size_t sf = size_t(H) * d * d;
+      std::vector<float> s0(sf), s3(sf);
+      for (int si = 0; si < 3; ++si) {
+        C.gpu.download_state(si, 1, s0.data());
+        C.gpu.download_state(3 + si, 1, s3.data());
+        same = same && s0 == s3;
+      }
+      const int64_t fused = C.gpu.fused_gla_launches() - fused_before;
+      check(same && worst < 2e-2 && fused == int64_t(calls.size()),
+            strf("lightning_block recurrent d%d rope %d", d, int(rope)),
+            strf("%lld fused launches, %s unfused (out, states); rel vs cpu %.2e", (long long)fused,
+                 same ? "equal to" : "DIFFERS from", worst));
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
 // Exact lightning rollback (spec §6.2): the CUDA op against the CPU op from identical fp32
 // snapshots (states copied GPU -> CPU first), keep 0 (a copy), partial and full, slot ==
 // snapshot_slot (in place), k/v as row slices (as Engine::rollback passes the captured rows); the
@@ -814,7 +907,7 @@ void test_sparse(Ctx& C, Rng& r, const SparseGeo& sg) {
 
   double worst_dense = 0, worst_sparse_ok = 0;
   int64_t sparse_rows = 0, sparse_bad = 0, sel_checked = 0, sel_bad = 0;
-  bool dense_ok = true;
+  bool dense_ok = true, gate_same = true;
   for (size_t ci = 0; ci < calls.size(); ++ci) {
     BatchInfo b;
     // Rows packed C, A, B; entries listed A, B, C.
@@ -879,6 +972,13 @@ void test_sparse(Ctx& C, Rng& r, const SparseGeo& sg) {
       C.cpu.sparse_attention(layer, qc, kc, vc, oc);
       C.gpu.sparse_attention(layer, qg, kg, vg, og);
       const auto gout = C.gget(og), cout = C.cget(oc);
+      if (layer == 1) {  // the output gate in the attention stores == sigmoid_mul after (the call repeats: same cache)
+        auto z = randn(r, size_t(N * qw));
+        Mat zg = C.gmat(DType::BF16, N, qw, &z), gated = C.gmat(DType::BF16, N, qw), after = C.gmat(DType::BF16, N, qw);
+        C.gpu.sparse_block(layer, qg, kg, vg, &zg, gated);
+        C.gpu.sigmoid_mul(og, zg, after);
+        gate_same = gate_same && C.gget(gated) == C.gget(after);
+      }
       std::vector<float> gd, cd;
       for (int64_t rr = 0; rr < N; ++rr) {
         std::vector<float> gr(gout.begin() + rr * qw, gout.begin() + (rr + 1) * qw);
@@ -906,6 +1006,7 @@ void test_sparse(Ctx& C, Rng& r, const SparseGeo& sg) {
     for (int si = 0; si < 3; ++si) seqs[size_t(si)].len += calls[ci][size_t(si)];
   }
   check(dense_ok, strf("sparse_attention %s: dense/all-blocks rows", sg.name), strf("worst rel %.2e", worst_dense));
+  check(gate_same, strf("sparse_block %s: gate in the stores == sigmoid_mul after", sg.name));
   check(sparse_rows > 0 && sparse_bad * 20 <= sparse_rows,
         strf("sparse_attention %s: InfLLM-v2 rows vs CPU", sg.name),
         strf("%lld/%lld rows within 3e-2 (worst %.2e)", (long long)(sparse_rows - sparse_bad), (long long)sparse_rows,
@@ -1257,6 +1358,7 @@ int main(int argc, char** argv) {
     test_fused_ops(C, r);
     test_rows_ops(C, r);
     test_lightning(C, r);
+    test_lightning_block(C, r);
     test_rollback(C, r);
     const std::vector<SparseGeo> geos = {
         {"tiny d16 G2 bs16", 16, 2, 4, 16, 8, 4, 1, 4, 4, {100, 100, 100}, 150},

@@ -33,6 +33,13 @@ constexpr int kWarps = 4;
 
 constexpr int kMaxSplit = 64;  // the host never splits a unit further
 
+// out[i] = v, times sigmoid(gate[i]) when the gate is fused in (SparseArgs::gate): the rounding of
+// sigmoid_mul applied to the stored output — the same bits as the separate launch it replaces.
+__device__ __forceinline__ void store_out(const SparseArgs& a, int64_t i, float v) {
+  if (a.gate) v = rnd(a.dto, v) * rnd(a.dto, 1.0f / (1.0f + expf(-ldf(a.gate, a.dtg, i))));
+  stf(a.out, a.dto, i, v);
+}
+
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32, 1) attention_kernel(SparseArgs a) {
   extern __shared__ float4 smem4[];
@@ -201,7 +208,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_kernel(SparseArgs a)
     if (it.nsplit == 1) {
       const int tok = r / it.nheads, hh = r % it.nheads;
       if (tok < it.ntok)
-        stf(a.out, a.dto, int64_t(it.row0 + tok) * a.ldo + int64_t(it.head0 + hh) * D + dc, O / L);
+        store_out(a, int64_t(it.row0 + tok) * a.ldo + int64_t(it.head0 + hh) * D + dc, O / L);
     } else {
       const int64_t slot = it.part + it.split;
       a.partial[(slot * 16 + r) * D + dc] = O;
@@ -380,8 +387,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_dense_kernel(SparseArgs
     const float inv = 1.0f / l[hr];
 #pragma unroll
     for (int nd = 0; nd < D / 8; ++nd) {
-      stf(a.out, a.dto, base + 8 * nd + 2 * t4, o[nd][2 * hr] * inv);
-      stf(a.out, a.dto, base + 8 * nd + 2 * t4 + 1, o[nd][2 * hr + 1] * inv);
+      store_out(a, base + 8 * nd + 2 * t4, o[nd][2 * hr] * inv);
+      store_out(a, base + 8 * nd + 2 * t4 + 1, o[nd][2 * hr + 1] * inv);
     }
   }
 }
@@ -444,10 +451,10 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(SparseArgs a) 
       t.x += v.x, t.y += v.y, t.z += v.z, t.w += v.w;
     }
     const int64_t base = int64_t(it.row0 + tok) * a.ldo + int64_t(it.head0 + hh) * D + 4 * tid;
-    stf(a.out, a.dto, base, t.x / L);
-    stf(a.out, a.dto, base + 1, t.y / L);
-    stf(a.out, a.dto, base + 2, t.z / L);
-    stf(a.out, a.dto, base + 3, t.w / L);
+    store_out(a, base, t.x / L);
+    store_out(a, base + 1, t.y / L);
+    store_out(a, base + 2, t.z / L);
+    store_out(a, base + 3, t.w / L);
   }
 }
 

@@ -131,6 +131,9 @@ CudaBackend::CudaBackend(int device, bool batch_invariant) : device_(device), ba
   if (const char* e = std::getenv("SALA_CUDA_PDL")) pdl_ = std::string(e) != "0";
   // SALA_CUDA_GRAPHS=0 runs decode forwards eagerly (no CUDA graphs).
   if (const char* e = std::getenv("SALA_CUDA_GRAPHS")) graphs_ = std::string(e) != "0";
+  // SALA_CUDA_MIXER_FUSION=0 keeps the lightning q/k norms and the sparse output gate launches of
+  // their own (A/B measurements).
+  if (const char* e = std::getenv("SALA_CUDA_MIXER_FUSION")) mixer_fusion_ = std::string(e) != "0";
   SALA_CUDA_CHECK(cudaEventCreate(&ev_start_));
   SALA_CUDA_CHECK(cudaEventCreate(&ev_end_));
 }
@@ -991,7 +994,8 @@ void CudaBackend::gather_rows(const Mat& x, std::span<const int64_t> rows, Mat o
                            out.data, dt_of(out.dtype, "gather_rows"), stream_);
 }
 
-void CudaBackend::lightning_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) {
+// The GLA launch arguments for these rows, after checking the shapes against the caches.
+cuda::GlaArgs CudaBackend::gla_args(int layer, const Mat& q, const Mat& k, const Mat& v, const Mat& out) const {
   SALA_CHECK(batch_ready_, "cuda lightning_attention: begin_batch was not called");
   SALA_CHECK(rows_covered_, "cuda lightning_attention: some batch row belongs to no sequence");
   SALA_CHECK(states_ && layer >= 0 && layer < spec_.lightning_layers,
@@ -1016,11 +1020,43 @@ void CudaBackend::lightning_attention(int layer, const Mat& q, const Mat& k, con
   a.log_decay = log_decay_;
   a.scale = spec_.lightning_scale;
   a.seqs = d_seqs_;
+  return a;
+}
+
+void CudaBackend::lightning_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) {
+  cuda::GlaArgs a = gla_args(layer, q, k, v, out);
   a.seq_list = d_rec_list_, a.n_list = n_rec_;
   cuda::launch_gla_recurrent(a, stream_);
   a.seq_list = d_chunk_list_, a.n_list = n_chunked_;
   a.force_fma = gla_fma_;
   cuda::launch_gla_chunked(a, stream_);
+}
+
+// Calls whose sequences all take the recurrent kernel (decode, verify): the q/k norms + RoPE inside
+// its launch (launch_gla_recurrent_normed; the same values as the separate ops), then the output
+// norm and gate. Prompt chunks (the chunked kernel reads normalised q, k) and other dtypes or head
+// sizes: the separate ops.
+void CudaBackend::lightning_block(int layer, Mat q, Mat k, const Mat& v, const LightningNorms& n, Mat out) {
+  const auto bf16 = [](const Weight* w) { return w && w->w.dtype == DType::BF16; };
+  if (mixer_fusion_ && batch_ready_ && n_chunked_ == 0 && bf16(n.q_norm) && bf16(n.k_norm) &&
+      q.dtype == DType::BF16) {
+    cuda::GlaArgs a = gla_args(layer, q, k, v, out);
+    SALA_CHECK(n.head_dim == a.d && n.q_norm->w.cols == a.d && n.k_norm->w.cols == a.d,
+               "cuda lightning_block: q/k norm widths {}/{} vs head_dim {} (lightning dim {})", n.q_norm->w.cols,
+               n.k_norm->w.cols, n.head_dim, a.d);
+    a.seq_list = d_rec_list_, a.n_list = n_rec_;
+    cuda::GlaQkNorms qk{};
+    qk.q_norm = n.q_norm->w.data;
+    qk.k_norm = n.k_norm->w.data;
+    qk.positions = n.rope ? d_positions_ : nullptr;
+    qk.inv_freq = n.rope ? inv_freq(n.theta, n.head_dim) : nullptr;
+    qk.eps = n.eps;
+    if (cuda::launch_gla_recurrent_normed(a, qk, stream_)) {
+      ++fused_gla_launches_;
+      return lightning_output(n, out);
+    }
+  }
+  Backend::lightning_block(layer, q, k, v, n, out);
 }
 
 // Exact rollback (spec §6.2, rollback.cu): runs outside any forward (never inside a graph capture),
@@ -1059,6 +1095,16 @@ void CudaBackend::lightning_rollback(int layer, int slot, int snapshot_slot, con
 }
 
 void CudaBackend::sparse_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) {
+  sparse_block(layer, q, k, v, nullptr, out);
+}
+
+// The output gate in the attention kernels' stores (SparseArgs::gate) unless mixer fusion is off
+// (SALA_CUDA_MIXER_FUSION=0: the sigmoid_mul launch, for A/B runs).
+void CudaBackend::sparse_block(int layer, const Mat& q, const Mat& k, const Mat& v, const Mat* gate, Mat out) {
+  if (gate && !mixer_fusion_) {
+    sparse_block(layer, q, k, v, nullptr, out);
+    return sigmoid_mul(out, *gate, out);
+  }
   SALA_CHECK(batch_ready_, "cuda sparse_attention: begin_batch was not called");
   SALA_CHECK(rows_covered_, "cuda sparse_attention: some batch row belongs to no sequence");
   SALA_CHECK(k_ && layer >= 0 && layer < spec_.sparse_layers, "cuda sparse_attention: layer {} out of range [0, {})",
@@ -1087,6 +1133,10 @@ void CudaBackend::sparse_attention(int layer, const Mat& q, const Mat& k, const 
   a.scale = spec_.attn_scale;
   a.q = q.data, a.dtq = dt_of(q.dtype, "sparse_attention"), a.ldq = q.cols;
   a.out = out.data, a.dto = dt_of(out.dtype, "sparse_attention"), a.ldo = out.cols;
+  if (gate) {
+    same_shape(*gate, out, "sparse_block gate");
+    a.gate = gate->data, a.dtg = dt_of(gate->dtype, "sparse_block");
+  }
   a.seqs = d_seqs_;
   a.pages = d_pages_;
   a.sel_items = d_sel_items_, a.n_sel_items = n_sel_;

@@ -110,8 +110,10 @@ class CudaBackend final : public Backend {
   void scale(const Mat& x, float s, Mat out) override;
   void gather_rows(const Mat& x, std::span<const int64_t> rows, Mat out) override;
   void lightning_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) override;
+  void lightning_block(int layer, Mat q, Mat k, const Mat& v, const LightningNorms& n, Mat out) override;
   void lightning_rollback(int layer, int slot, int snapshot_slot, const Mat& k, const Mat& v, int64_t keep) override;
   void sparse_attention(int layer, const Mat& q, const Mat& k, const Mat& v, Mat out) override;
+  void sparse_block(int layer, const Mat& q, const Mat& k, const Mat& v, const Mat* gate, Mat out) override;
 
   // CUDA graphs of decode forwards (docs/cuda-backend.md). A recording is keyed by the model's key
   // and the launch signature of the last begin_batch (item counts, metadata/scratch addresses,
@@ -151,6 +153,11 @@ class CudaBackend final : public Backend {
   void set_gemv_mode(int mode) { gemv_mode_ = mode; }
   // Programmatic dependent launch of the GEMV kernels (default on for sm_90+).
   void set_pdl(bool on) { pdl_ = on; }
+  // The mixers' small ops inside their kernels (default on): the lightning q/k norms in the
+  // recurrent GLA launch (decode, verify), the sparse output gate in the attention kernels' stores.
+  // Off: launches of their own (tests, A/B; SALA_CUDA_MIXER_FUSION=0).
+  void set_mixer_fusion(bool on) { mixer_fusion_ = on; }
+  int64_t fused_gla_launches() const { return fused_gla_launches_; }  // test hook: the fused path ran
   // Chunked GLA prefill through the fp32 FMA kernel instead of the tensor-core one (tests, A/B).
   void set_gla_fma(bool on) { gla_fma_ = on; }
   // Largest context (in blocks) for which InfLLM-v2 prefill rows use the shared-tile kernel
@@ -176,6 +183,7 @@ class CudaBackend final : public Backend {
   int qgemv_warps() const;
   Weight alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group);
   const float* inv_freq(double theta, int head_dim);
+  cuda::GlaArgs gla_args(int layer, const Mat& q, const Mat& k, const Mat& v, const Mat& out) const;
   void clear_graphs();
   void abort_capture();
   void collect_timing();
@@ -192,6 +200,8 @@ class CudaBackend final : public Backend {
   int gemv_mode_ = 0;
   bool pdl_ = true;
   bool gla_fma_ = false;
+  bool mixer_fusion_ = true;
+  int64_t fused_gla_launches_ = 0;
   int64_t sparse_shared_max_blocks_ = -1;
   int select_splits_knob_ = -1;
   bool batch_invariant_ = false;

@@ -15,6 +15,7 @@
 #include <cmath>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/head_norm.cuh"
 #include "core/rng.h"
 
 namespace sala::cuda {
@@ -270,41 +271,11 @@ __global__ void __launch_bounds__(256) qk_norm_rope_bf16(bf16* q, int64_t q_rows
   bf16* x = (is_q ? q : k) + row * head_dim;
   const bf16* w = is_q ? qw : kw;
   const int64_t token = row / (is_q ? q_heads : k_heads);
-  const int n8 = head_dim / 8;
-  const bool has = lane < n8;
-  float f[8];
-  float ss = 0.f;
-  if (has) {
-    unpack8(reinterpret_cast<const uint4*>(x)[lane], f);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
-  }
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) ss += __shfl_xor_sync(mask, ss, o, 16);
-  const float inv = 1.0f / sqrtf(ss / float(head_dim) + eps);
-  if (has) {
-    float g[8];
-    unpack8(reinterpret_cast<const uint4*>(w)[lane], g);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] = rbf(rbf(f[j] * inv) * g[j]);
-  }
-  if (positions) {
-    const int hl = n8 / 2;  // lanes per half of the head
-    const int partner = lane < hl ? lane + hl : lane - hl;
-    float pf[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) pf[j] = __shfl_sync(mask, f[j], partner, 16);
-    if (has) {
-      const float pos = float(positions[token]);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int i = (lane < hl ? lane : lane - hl) * 8 + j;  // index within the half
-        float sn, cs;
-        sincosf(pos * inv_freq[i], &sn, &cs);
-        f[j] = lane < hl ? f[j] * cs - pf[j] * sn : f[j] * cs + pf[j] * sn;
-      }
-    }
-  }
+  const bool has = lane < head_dim / 8;
+  float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if (has) unpack8(reinterpret_cast<const uint4*>(x)[lane], f);
+  norm_rope_half_warp(f, w, head_dim, eps, positions ? float(positions[token]) : 0.f, positions ? inv_freq : nullptr,
+                      lane, mask);
   if (has) reinterpret_cast<uint4*>(x)[lane] = pack8(f);
 }
 

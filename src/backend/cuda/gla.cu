@@ -20,13 +20,23 @@
 #include <cmath>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/head_norm.cuh"
 
 namespace sala::cuda {
 
 namespace {
 
-template <int D, int TC>
-__global__ void __launch_bounds__((TC / 4) * (D / 4)) gla_recurrent_kernel(GlaArgs a) {
+// NORM (launch_gla_recurrent_normed; bf16, D ≥ 64): each token's q and k enter un-normalised and
+// warp 0 applies the per-head RMSNorm + RoPE first (lanes 0–15: q of head h, 16–31: k of head
+// kh; norm_rope_half_warp, qk_norm_rope_bf16's arithmetic), into shared memory — the same bits as
+// the qk_norm_rope launch before the plain kernel. Its latency then overlaps this kernel's state
+// loads (issued before the dependency wait) instead of being a kernel between the projections and
+// this one: batch-1 decode at 4K +1.3% (bf16) / +2.2% (fp8) on an H100 (run 2 of
+// bench/results/2026-11-26-h100-mixer-fusion.md). The 4 column tiles of a head each repeat it
+// (256 bytes of q/k, 16 shuffles).
+template <int D, int TC, bool NORM = false>
+__global__ void __launch_bounds__((TC / 4) * (D / 4)) gla_recurrent_kernel(GlaArgs a, GlaQkNorms n) {
+  static_assert(!NORM || D >= 64, "the q/k prologue takes a warp: 64 or 128 dims");
   constexpr int CQ = TC / 4;  // column quads per tile
   constexpr int RG = D / 4;   // row groups
   const int tid = threadIdx.x;
@@ -49,13 +59,31 @@ __global__ void __launch_bounds__((TC / 4) * (D / 4)) gla_recurrent_kernel(GlaAr
   grid_dep_wait();  // q, k, v come from the kernels just before
   const float gamma = float(exp(double(a.log_decay[h])));
   __shared__ float red[2][RG][TC];
+  __shared__ float qk[NORM ? 2 : 1][2][NORM ? D : 1];  // NORM: token t's normalised q, k in qk[t & 1]
   for (int t = 0; t < s.n_new; ++t) {
     const int64_t row = s.start + t;
+    if constexpr (NORM) {
+      if (tid < 32) {
+        const int lane = tid % 16;
+        const bool is_k = tid >= 16;
+        const bf16* src = is_k ? static_cast<const bf16*>(a.k) + row * a.ldk + int64_t(kh) * D
+                               : static_cast<const bf16*>(a.q) + row * a.ldq + int64_t(h) * D;
+        float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (lane < D / 8) unpack8(reinterpret_cast<const uint4*>(src)[lane], f);
+        norm_rope_half_warp(f, static_cast<const bf16*>(is_k ? n.k_norm : n.q_norm), D, n.eps,
+                            n.positions ? float(n.positions[row]) : 0.f, n.positions ? n.inv_freq : nullptr, lane,
+                            0xffffu << (is_k ? 16 : 0));
+        if (lane < D / 8)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) qk[t & 1][is_k][8 * lane + j] = f[j];
+      }
+      __syncthreads();
+    }
     float q[4], k[4], v[4], p[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      q[i] = ldf(a.q, a.dt, row * a.ldq + int64_t(h) * D + 4 * rg + i);
-      k[i] = ldf(a.k, a.dt, row * a.ldk + int64_t(kh) * D + 4 * rg + i);
+      q[i] = NORM ? qk[t & 1][0][4 * rg + i] : ldf(a.q, a.dt, row * a.ldq + int64_t(h) * D + 4 * rg + i);
+      k[i] = NORM ? qk[t & 1][1][4 * rg + i] : ldf(a.k, a.dt, row * a.ldk + int64_t(kh) * D + 4 * rg + i);
       v[i] = ldf(a.v, a.dt, row * a.ldv + int64_t(kh) * D + col0 + i);
     }
 #pragma unroll
@@ -472,7 +500,7 @@ template <int D>
 void recurrent_d(const GlaArgs& a, cudaStream_t st) {
   constexpr int TC = tile_cols<D>();
   dim3 grid(D / TC, a.heads, a.n_list);
-  launch_pdl(g_small_pdl, gla_recurrent_kernel<D, TC>, grid, dim3((TC / 4) * (D / 4)), 0, st, a);
+  launch_pdl(g_small_pdl, gla_recurrent_kernel<D, TC>, grid, dim3((TC / 4) * (D / 4)), 0, st, a, GlaQkNorms{});
   SALA_CUDA_LAUNCH("gla_recurrent kernel");
 }
 
@@ -502,6 +530,20 @@ void launch_gla_recurrent(const GlaArgs& a, cudaStream_t st) {
     case 128: return recurrent_d<128>(a, st);
     default: cuda_fail_msg("lightning_attention: head dim must be 16, 32, 64 or 128 on CUDA", __FILE__, __LINE__);
   }
+}
+
+bool launch_gla_recurrent_normed(const GlaArgs& a, const GlaQkNorms& n, cudaStream_t st) {
+  auto al16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  const bool ok = a.dt == kBF16 && (a.d == 64 || a.d == 128) && a.ldq % 8 == 0 && a.ldk % 8 == 0 && al16(a.q) &&
+                  al16(a.k) && n.q_norm && n.k_norm && al16(n.q_norm) && al16(n.k_norm) && (!n.positions || n.inv_freq);
+  if (!ok) return false;
+  if (a.n_list <= 0) return true;
+  if (a.d == 64)
+    launch_pdl(g_small_pdl, gla_recurrent_kernel<64, 32, true>, dim3(2, a.heads, a.n_list), dim3(8 * 16), 0, st, a, n);
+  else
+    launch_pdl(g_small_pdl, gla_recurrent_kernel<128, 32, true>, dim3(4, a.heads, a.n_list), dim3(8 * 32), 0, st, a, n);
+  SALA_CUDA_LAUNCH("gla_recurrent kernel (q/k norms)");
+  return true;
 }
 
 void launch_gla_chunked(const GlaArgs& a, cudaStream_t st) {

@@ -226,6 +226,17 @@ struct GlaArgs {
 };
 void launch_gla_recurrent(const GlaArgs& a, cudaStream_t st);
 void launch_gla_chunked(const GlaArgs& a, cudaStream_t st);
+// The recurrent step with the per-head q/k RMSNorm and RoPE in the kernel (decode, verify): q and
+// k enter un-normalised and are not written; the values of qk_norm_rope followed by
+// launch_gla_recurrent. bf16, d = 64 or 128; returns false for what it does not cover.
+struct GlaQkNorms {
+  const void* q_norm;        // [d] bf16
+  const void* k_norm;
+  const int32_t* positions;  // RoPE at the batch positions (with inv_freq); null: none
+  const float* inv_freq;
+  float eps;
+};
+bool launch_gla_recurrent_normed(const GlaArgs& a, const GlaQkNorms& n, cudaStream_t st);
 
 // ---- lightning rollback for speculative decoding (rollback.cu) ----
 // states[slot][layer][h] = exp(keep·g_h)·states[snapshot_slot][layer][h] + Σ_{j<keep}
@@ -253,6 +264,8 @@ struct SparseArgs {
   void* out;
   Dt dto;
   int64_t ldo;
+  const void* gate;         // null, or the output gate [rows, ldo]: out = attention·sigmoid(gate)
+  Dt dtg;
   const SeqMeta* seqs;
   const int32_t* pages;     // flattened page tables
   // selection
