@@ -44,10 +44,11 @@ template <int D>
 __global__ void __launch_bounds__(kWarps * 32, 1) attention_kernel(SparseArgs a) {
   extern __shared__ float4 smem4[];
   launch_dependents();  // the next kernel may start loading its weights (common.cuh)
-  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   __shared__ float s_m[kWarps][16], s_l[kWarps][16];
   constexpr uint32_t kTile = 32 * D * 2;  // bytes of one 32-row bf16 tile
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // The batch metadata (uploaded before the forward) is read before the wait: its dependent loads
+  // overlap the previous kernel. q, the selection and the newest keys come after it.
   const AttnItem it = a.items[blockIdx.x];
   const SeqMeta s = a.seqs[it.seq];
   const int32_t* pages = a.pages + s.page_off;
@@ -73,6 +74,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_kernel(SparseArgs a)
     prow[hr] = ok ? p0 + tok : -1;
     qoff[hr] = ok ? int64_t(it.row0 + tok) * a.ldq + int64_t(it.head0 + hh) * D : -1;
   }
+  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   uint32_t qf[D / 16][4];
   load_q_frags<D>(qf, a.q, a.dtq, qoff[0], qoff[1], lane);
 
@@ -416,16 +418,16 @@ __device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) 
 template <int D>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(SparseArgs a) {
   launch_dependents();  // the next kernel may start loading its weights (common.cuh)
-  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   constexpr int Q = D / 4;                    // float4 per row
   constexpr int SG = kCombineThreads / Q;     // split groups
   __shared__ float w[kMaxSplit];
   __shared__ float red[kCombineThreads / 32];
   __shared__ float4 acc[SG][Q];
-  const AttnItem it = a.items[a.combine_items[blockIdx.x]];
+  const AttnItem it = a.items[a.combine_items[blockIdx.x]];  // batch metadata: before the wait
   const int r = blockIdx.y;
   const int tok = r / it.nheads, hh = r % it.nheads;
   if (tok >= it.ntok) return;
+  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   const int tid = threadIdx.x, ns = it.nsplit;
   const int64_t part = it.part;
   const float ms = tid < ns ? a.partial_ml[((part + tid) * 16 + r) * 2] : -INFINITY;

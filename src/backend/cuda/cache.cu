@@ -15,12 +15,13 @@ namespace {
 __global__ void append_bf16x8(uint4* kpool, uint4* vpool, const uint4* k, const uint4* v, int64_t ldk8, int64_t ldv8,
                               const int64_t* row_dst, int64_t n_rows, int row8, int64_t layer_rows) {
   launch_dependents();  // the next kernel may start loading its weights (common.cuh)
+  const int64_t total = n_rows * row8, first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  auto dst_of = [&](int64_t idx) { return (layer_rows + row_dst[idx / row8]) * row8 + idx % row8; };
+  const int64_t dst_first = first < total ? dst_of(first) : 0;  // batch metadata: before the wait
   grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
-  const int64_t total = n_rows * row8;
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
-       idx += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t idx = first; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = idx / row8, e = idx % row8;
-    const int64_t dst = (layer_rows + row_dst[r]) * row8 + e;
+    const int64_t dst = idx == first ? dst_first : dst_of(idx);
     kpool[dst] = k[r * ldk8 + e];
     vpool[dst] = v[r * ldv8 + e];
   }

@@ -129,24 +129,36 @@ __device__ __forceinline__ float block_inv_rms(float ss, float* red, int cols, f
   return 1.0f / sqrtf(tot / float(cols) + eps);
 }
 
+// A thread's pieces (tid + 256·i, zeros past the row) of a row of n8 16-byte pieces.
+template <int PPT>
+__device__ __forceinline__ void load_row_pieces(const uint4* r, int n8, uint4 (&v)[PPT]) {
+#pragma unroll
+  for (int i = 0; i < PPT; ++i) {
+    const int p = int(threadIdx.x) + 256 * i;
+    v[i] = p < n8 ? r[p] : make_uint4(0, 0, 0, 0);
+  }
+}
+// The norm weight's pieces: weights are never written by earlier kernels, so the wide kernels load
+// them before their dependency wait — off the path after the reduction.
+template <int PPT>
+__device__ __forceinline__ void load_weight_pieces(const bf16* w, int n8, uint4 (&wv)[PPT]) {
+  load_row_pieces(reinterpret_cast<const uint4*>(w), n8, wv);
+}
+
 // Wide rows (≥ 1024 bf16): one CTA of 256 threads per row, the row held in registers (PPT
 // 16-byte pieces per thread), so every load is issued before the first use: one memory round trip.
 template <int PPT>
 __global__ void __launch_bounds__(256) rmsnorm_bf16_wide(const bf16* x, const bf16* w, bf16* y, int cols, float eps) {
   launch_dependents();  // the next kernel may start loading its weights (common.cuh)
+  const int n8 = cols / 8, tid = threadIdx.x;
+  uint4 wv[PPT];
+  load_weight_pieces(w, n8, wv);
   grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   __shared__ float red[8];
   const int64_t row = blockIdx.x;
-  const uint4* xr = reinterpret_cast<const uint4*>(x + row * cols);
-  const uint4* wr = reinterpret_cast<const uint4*>(w);
   uint4* yr = reinterpret_cast<uint4*>(y + row * cols);
-  const int n8 = cols / 8, tid = threadIdx.x;
   uint4 v[PPT];
-#pragma unroll
-  for (int i = 0; i < PPT; ++i) {
-    const int p = tid + 256 * i;
-    v[i] = p < n8 ? xr[p] : make_uint4(0, 0, 0, 0);
-  }
+  load_row_pieces(reinterpret_cast<const uint4*>(x + row * cols), n8, v);
   const float ss = sum_squares(v);
   const float inv = block_inv_rms(ss, red, cols, eps);
 #pragma unroll
@@ -155,7 +167,7 @@ __global__ void __launch_bounds__(256) rmsnorm_bf16_wide(const bf16* x, const bf
     if (p >= n8) continue;
     float f[8], g[8];
     unpack8(v[i], f);
-    unpack8(wr[p], g);
+    unpack8(wv[i], g);
 #pragma unroll
     for (int j = 0; j < 8; ++j) f[j] = rbf(f[j] * inv) * g[j];
     yr[p] = pack8(f);
@@ -169,21 +181,16 @@ template <int PPT>
 __global__ void __launch_bounds__(256) add_rmsnorm_bf16_wide(bf16* h, const bf16* a, float alpha, const bf16* w, bf16* y,
                                                              int cols, float eps) {
   launch_dependents();  // the next kernel may start loading its weights (common.cuh)
+  const int n8 = cols / 8, tid = threadIdx.x;
+  uint4 wv[PPT], v[PPT], av[PPT];
+  load_weight_pieces(w, n8, wv);
   grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   __shared__ float red[8];
   const int64_t row = blockIdx.x;
   uint4* hr = reinterpret_cast<uint4*>(h + row * cols);
-  const uint4* ar = reinterpret_cast<const uint4*>(a + row * cols);
-  const uint4* wr = reinterpret_cast<const uint4*>(w);
   uint4* yr = reinterpret_cast<uint4*>(y + row * cols);
-  const int n8 = cols / 8, tid = threadIdx.x;
-  uint4 v[PPT], av[PPT];
-#pragma unroll
-  for (int i = 0; i < PPT; ++i) {
-    const int p = tid + 256 * i;
-    v[i] = p < n8 ? hr[p] : make_uint4(0, 0, 0, 0);
-    av[i] = p < n8 ? ar[p] : make_uint4(0, 0, 0, 0);
-  }
+  load_row_pieces(hr, n8, v);
+  load_row_pieces(reinterpret_cast<const uint4*>(a + row * cols), n8, av);
   float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < PPT; ++i) {
@@ -204,7 +211,7 @@ __global__ void __launch_bounds__(256) add_rmsnorm_bf16_wide(bf16* h, const bf16
     if (p >= n8) continue;
     float f[8], g[8];
     unpack8(v[i], f);
-    unpack8(wr[p], g);
+    unpack8(wv[i], g);
 #pragma unroll
     for (int j = 0; j < 8; ++j) f[j] = rbf(f[j] * inv) * g[j];
     yr[p] = pack8(f);
@@ -261,7 +268,6 @@ __global__ void __launch_bounds__(256) qk_norm_rope_bf16(bf16* q, int64_t q_rows
                                                          int head_dim, float eps, const int32_t* positions,
                                                          const float* inv_freq) {
   launch_dependents();  // the next kernel may start loading its weights (common.cuh)
-  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   const int64_t hr = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 16;  // global head row
   const int lane = threadIdx.x % 16;
   const unsigned mask = 0xffffu << (threadIdx.x % 32 / 16 * 16);
@@ -269,13 +275,15 @@ __global__ void __launch_bounds__(256) qk_norm_rope_bf16(bf16* q, int64_t q_rows
   if (!is_q && hr >= q_rows + k_rows) return;  // whole half-warps exit together
   const int64_t row = is_q ? hr : hr - q_rows;
   bf16* x = (is_q ? q : k) + row * head_dim;
-  const bf16* w = is_q ? qw : kw;
   const int64_t token = row / (is_q ? q_heads : k_heads);
+  // The weight and the rotation (batch metadata) before the wait; q and k after it.
+  const HeadNormLane c = head_norm_lane(is_q ? qw : kw, head_dim, positions ? float(positions[token]) : 0.f,
+                                        positions ? inv_freq : nullptr, lane);
+  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   const bool has = lane < head_dim / 8;
   float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   if (has) unpack8(reinterpret_cast<const uint4*>(x)[lane], f);
-  norm_rope_half_warp(f, w, head_dim, eps, positions ? float(positions[token]) : 0.f, positions ? inv_freq : nullptr,
-                      lane, mask);
+  norm_rope_half_warp(f, c, head_dim, eps, positions != nullptr, lane, mask);
   if (has) reinterpret_cast<uint4*>(x)[lane] = pack8(f);
 }
 
@@ -285,21 +293,15 @@ template <int PPT>
 __global__ void __launch_bounds__(256) rmsnorm_gate_bf16_wide(const bf16* x, const bf16* w, const bf16* z, bf16* y,
                                                               int cols, float eps) {
   launch_dependents();  // the next kernel may start loading its weights (common.cuh)
+  const int n8 = cols / 8, tid = threadIdx.x;
+  uint4 wv[PPT], v[PPT], zv[PPT];
+  load_weight_pieces(w, n8, wv);
   grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
   __shared__ float red[8];
   const int64_t row = blockIdx.x;
-  const uint4* xr = reinterpret_cast<const uint4*>(x + row * cols);
-  const uint4* zr = reinterpret_cast<const uint4*>(z + row * cols);
-  const uint4* wr = reinterpret_cast<const uint4*>(w);
   uint4* yr = reinterpret_cast<uint4*>(y + row * cols);
-  const int n8 = cols / 8, tid = threadIdx.x;
-  uint4 v[PPT], zv[PPT];
-#pragma unroll
-  for (int i = 0; i < PPT; ++i) {
-    const int p = tid + 256 * i;
-    v[i] = p < n8 ? xr[p] : make_uint4(0, 0, 0, 0);
-    zv[i] = p < n8 ? zr[p] : make_uint4(0, 0, 0, 0);
-  }
+  load_row_pieces(reinterpret_cast<const uint4*>(x + row * cols), n8, v);
+  load_row_pieces(reinterpret_cast<const uint4*>(z + row * cols), n8, zv);
   const float ss = sum_squares(v);
   const float inv = block_inv_rms(ss, red, cols, eps);
 #pragma unroll
@@ -308,7 +310,7 @@ __global__ void __launch_bounds__(256) rmsnorm_gate_bf16_wide(const bf16* x, con
     if (p >= n8) continue;
     float f[8], g[8], zz[8];
     unpack8(v[i], f);
-    unpack8(wr[p], g);
+    unpack8(wv[i], g);
     unpack8(zv[i], zz);
 #pragma unroll
     for (int j = 0; j < 8; ++j) f[j] = rbf(rbf(f[j] * inv) * g[j]) * rbf(1.0f / (1.0f + expf(-zz[j])));
@@ -414,15 +416,14 @@ bool launch_add_rmsnorm(void* h, const void* a, float alpha, const void* w, void
                   aligned16(a) && aligned16(w) && aligned16(y);
   if (!ok || rows <= 0) return false;
   const int ppt = int((cols / 8 + 255) / 256);
-  auto hb = static_cast<bf16*>(h);
-  auto ab = static_cast<const bf16*>(a);
-  auto wb = static_cast<const bf16*>(w);
-  auto yb = static_cast<bf16*>(y);
-  const unsigned r = unsigned(rows);
-  if (ppt <= 1) launch_pdl(g_small_pdl, add_rmsnorm_bf16_wide<1>, dim3(r), dim3(256), 0, st, hb, ab, alpha, wb, yb, int(cols), eps);
-  else if (ppt <= 2) launch_pdl(g_small_pdl, add_rmsnorm_bf16_wide<2>, dim3(r), dim3(256), 0, st, hb, ab, alpha, wb, yb, int(cols), eps);
-  else if (ppt <= 4) launch_pdl(g_small_pdl, add_rmsnorm_bf16_wide<4>, dim3(r), dim3(256), 0, st, hb, ab, alpha, wb, yb, int(cols), eps);
-  else launch_pdl(g_small_pdl, add_rmsnorm_bf16_wide<8>, dim3(r), dim3(256), 0, st, hb, ab, alpha, wb, yb, int(cols), eps);
+  auto go = [&](auto kernel) {
+    launch_pdl(g_small_pdl, kernel, dim3(unsigned(rows)), dim3(256), 0, st, static_cast<bf16*>(h),
+               static_cast<const bf16*>(a), alpha, static_cast<const bf16*>(w), static_cast<bf16*>(y), int(cols), eps);
+  };
+  if (ppt <= 1) go(add_rmsnorm_bf16_wide<1>);
+  else if (ppt <= 2) go(add_rmsnorm_bf16_wide<2>);
+  else if (ppt <= 4) go(add_rmsnorm_bf16_wide<4>);
+  else go(add_rmsnorm_bf16_wide<8>);
   SALA_CUDA_LAUNCH("add_rmsnorm kernel");
   return true;
 }
@@ -448,15 +449,14 @@ bool launch_rmsnorm_gate(const void* x, const void* w, const void* z, void* y, i
                   aligned16(z) && aligned16(y);
   if (!ok || rows <= 0) return false;
   const int ppt = int((cols / 8 + 255) / 256);
-  auto xb = static_cast<const bf16*>(x);
-  auto wb = static_cast<const bf16*>(w);
-  auto zb = static_cast<const bf16*>(z);
-  auto yb = static_cast<bf16*>(y);
-  const unsigned r = unsigned(rows);
-  if (ppt <= 1) launch_pdl(g_small_pdl, rmsnorm_gate_bf16_wide<1>, dim3(r), dim3(256), 0, st, xb, wb, zb, yb, int(cols), eps);
-  else if (ppt <= 2) launch_pdl(g_small_pdl, rmsnorm_gate_bf16_wide<2>, dim3(r), dim3(256), 0, st, xb, wb, zb, yb, int(cols), eps);
-  else if (ppt <= 4) launch_pdl(g_small_pdl, rmsnorm_gate_bf16_wide<4>, dim3(r), dim3(256), 0, st, xb, wb, zb, yb, int(cols), eps);
-  else launch_pdl(g_small_pdl, rmsnorm_gate_bf16_wide<8>, dim3(r), dim3(256), 0, st, xb, wb, zb, yb, int(cols), eps);
+  auto go = [&](auto kernel) {
+    launch_pdl(g_small_pdl, kernel, dim3(unsigned(rows)), dim3(256), 0, st, static_cast<const bf16*>(x),
+               static_cast<const bf16*>(w), static_cast<const bf16*>(z), static_cast<bf16*>(y), int(cols), eps);
+  };
+  if (ppt <= 1) go(rmsnorm_gate_bf16_wide<1>);
+  else if (ppt <= 2) go(rmsnorm_gate_bf16_wide<2>);
+  else if (ppt <= 4) go(rmsnorm_gate_bf16_wide<4>);
+  else go(rmsnorm_gate_bf16_wide<8>);
   SALA_CUDA_LAUNCH("rmsnorm_gate kernel");
   return true;
 }

@@ -55,24 +55,28 @@ __global__ void __launch_bounds__((TC / 4) * (D / 4)) gla_recurrent_kernel(GlaAr
   }
   // The state was last written by this layer's previous step (long finished): it is read before
   // grid_dep_wait, overlapping the previous kernel's tail when launched with PDL (g_small_pdl).
+  // NORM: warp 0's norm weights and first token's rotation, also before the wait (head_norm.cuh).
+  const int lane = tid % 16;
+  const bool is_k = tid >= 16;
+  HeadNormLane hn;
+  if (NORM && tid < 32)
+    hn = head_norm_lane(static_cast<const bf16*>(is_k ? n.k_norm : n.q_norm), D,
+                        n.positions ? float(n.positions[s.start]) : 0.f, n.positions ? n.inv_freq : nullptr, lane);
+  const float gamma = float(exp(double(a.log_decay[h])));  // a model constant: before the wait too
   launch_dependents();  // the next kernel may start loading its weights (common.cuh)
   grid_dep_wait();  // q, k, v come from the kernels just before
-  const float gamma = float(exp(double(a.log_decay[h])));
   __shared__ float red[2][RG][TC];
   __shared__ float qk[NORM ? 2 : 1][2][NORM ? D : 1];  // NORM: token t's normalised q, k in qk[t & 1]
   for (int t = 0; t < s.n_new; ++t) {
     const int64_t row = s.start + t;
     if constexpr (NORM) {
       if (tid < 32) {
-        const int lane = tid % 16;
-        const bool is_k = tid >= 16;
         const bf16* src = is_k ? static_cast<const bf16*>(a.k) + row * a.ldk + int64_t(kh) * D
                                : static_cast<const bf16*>(a.q) + row * a.ldq + int64_t(h) * D;
         float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         if (lane < D / 8) unpack8(reinterpret_cast<const uint4*>(src)[lane], f);
-        norm_rope_half_warp(f, static_cast<const bf16*>(is_k ? n.k_norm : n.q_norm), D, n.eps,
-                            n.positions ? float(n.positions[row]) : 0.f, n.positions ? n.inv_freq : nullptr, lane,
-                            0xffffu << (is_k ? 16 : 0));
+        if (t > 0 && n.positions && lane < D / 8) head_norm_angles(hn, D, float(n.positions[row]), n.inv_freq, lane);
+        norm_rope_half_warp(f, hn, D, n.eps, n.positions != nullptr, lane, 0xffffu << (is_k ? 16 : 0));
         if (lane < D / 8)
 #pragma unroll
           for (int j = 0; j < 8; ++j) qk[t & 1][is_k][8 * lane + j] = f[j];
