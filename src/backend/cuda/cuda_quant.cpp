@@ -288,14 +288,6 @@ LtPtr<cublasLtMatmulDesc_t> lt_tn_desc(cublasComputeType_t compute, cudaDataType
   return desc;
 }
 
-// cuBLASLt's first choice for these layouts (D written in place of C); false when it has none.
-bool lt_algo(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
-             cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t pref, cublasLtMatmulHeuristicResult_t* heur) {
-  int found = 0;
-  SALA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, a, b, d, d, pref, 1, heur, &found));
-  return found > 0;
-}
-
 // Algorithms that fit the backend's cuBLAS workspace.
 LtPtr<cublasLtMatmulPreference_t> lt_preference() {
   cublasLtMatmulPreference_t p = nullptr;
@@ -306,6 +298,46 @@ LtPtr<cublasLtMatmulPreference_t> lt_preference() {
                                                          sizeof ws_bytes));
   return pref;
 }
+
+// A W8A8 product taken in blocks of weight rows, D[rows, N] = Aᵀ·B with B the quantized
+// activations [K = in, N]: a block's layouts and cuBLASLt's first algorithm for them (D written
+// in place of C), queried again only when the block height changes (a last, shorter block).
+class LtBlockPlan {
+ public:
+  LtBlockPlan(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc, cudaDataType_t ab_type, cudaDataType_t d_type,
+              int64_t in, int64_t N)
+      : lt_(lt), desc_(desc), ab_type_(ab_type), d_type_(d_type), in_(in), N_(N),
+        lb_(lt_layout(ab_type, in, N, in)), pref_(lt_preference()) {}
+  // A block of `rows` weight rows, D's leading dimension ldd; false when cuBLASLt has no algorithm.
+  bool plan(int64_t rows, int64_t ldd) {
+    if (rows == rows_ && ldd == ldd_) return true;
+    la_ = lt_layout(ab_type_, in_, rows, in_);
+    ld_ = lt_layout(d_type_, rows, N_, ldd);
+    int found = 0;
+    SALA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, desc_, la_.get(), lb_.get(), ld_.get(), ld_.get(),
+                                                     pref_.get(), 1, &heur_, &found));
+    rows_ = found > 0 ? rows : 0;
+    ldd_ = ldd;
+    return found > 0;
+  }
+  // D = alpha·Aᵀ·B + beta·D for the block last planned.
+  void run(const void* alpha, const void* a, const void* b, const void* beta, void* d, void* ws, size_t ws_bytes,
+           cudaStream_t st) const {
+    SALA_CUBLAS_CHECK(cublasLtMatmul(lt_, desc_, alpha, a, la_.get(), b, lb_.get(), beta, d, ld_.get(), d, ld_.get(),
+                                     &heur_.algo, ws, ws_bytes, st));
+  }
+
+ private:
+  cublasLtHandle_t lt_;
+  cublasLtMatmulDesc_t desc_;
+  cudaDataType_t ab_type_, d_type_;
+  int64_t in_, N_;
+  LtPtr<cublasLtMatrixLayout_t> lb_;
+  LtPtr<cublasLtMatmulPreference_t> pref_;
+  LtPtr<cublasLtMatrixLayout_t> la_, ld_;
+  cublasLtMatmulHeuristicResult_t heur_{};
+  int64_t rows_ = 0, ldd_ = 0;
+};
 
 }  // namespace
 
@@ -331,29 +363,15 @@ void CudaBackend::matmul_fp8_activations(const void* xb, int64_t N, const Weight
   lt_set(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_MODE, outer);
   lt_set(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(ws));
   lt_set(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(xs));
-  const cudaDataType_t dtype = y.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
-  const auto lb = lt_layout(CUDA_R_8F_E4M3, in, N, in);
-  const LtPtr<cublasLtMatmulPreference_t> pref = lt_preference();
-  // The layouts and algorithm of a block of `rows` weight rows (one query per block size: all
-  // blocks but a last, shorter one share it).
-  LtPtr<cublasLtMatrixLayout_t> la, ld;
-  cublasLtMatmulHeuristicResult_t heur{};
-  int64_t planned = 0;
+  LtBlockPlan plan(cublas_lt_, desc.get(), CUDA_R_8F_E4M3, y.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F, in, N);
   const float alpha = 1.f, beta = 0.f;
   for (int64_t o0 = 0; o0 < out; o0 += block) {
     const int64_t rows = std::min(block, out - o0);
     cuda::launch_qcanonical(qweight(w), o0, rows, wq, ws, nullptr, stream_);
-    if (rows != planned) {
-      la = lt_layout(CUDA_R_8F_E4M3, in, rows, in);
-      ld = lt_layout(dtype, rows, N, y.cols);
-      SALA_CHECK(lt_algo(cublas_lt_, desc.get(), la.get(), lb.get(), ld.get(), pref.get(), &heur),
-                 "--fp8-prefill: cuBLASLt has no fp8 GEMM for [{}, {}] x [{}, {}] -> {} on {}", N, in, rows, in,
-                 dtype_name(y.dtype), props_.name);
-      planned = rows;
-    }
-    void* d = static_cast<uint8_t*>(y.data) + size_t(o0) * dtype_size(y.dtype);
-    SALA_CUBLAS_CHECK(cublasLtMatmul(cublas_lt_, desc.get(), &alpha, wq, la.get(), xq, lb.get(), &beta, d, ld.get(), d,
-                                     ld.get(), &heur.algo, cublas_ws_, kCublasWorkspace, stream_));
+    SALA_CHECK(plan.plan(rows, y.cols), "--fp8-prefill: cuBLASLt has no fp8 GEMM for [{}, {}] x [{}, {}] -> {} on {}",
+               N, in, rows, in, dtype_name(y.dtype), props_.name);
+    plan.run(&alpha, wq, xq, &beta, static_cast<uint8_t*>(y.data) + size_t(o0) * dtype_size(y.dtype), cublas_ws_,
+             kCublasWorkspace, stream_);
   }
 }
 
@@ -383,27 +401,16 @@ void CudaBackend::matmul_int8_activations(const void* xb, int64_t N, const Weigh
   auto* acc = static_cast<int32_t*>(int8acc_.reserve(size_t(block * N) * 4));
 
   const LtPtr<cublasLtMatmulDesc_t> desc = lt_tn_desc(CUBLAS_COMPUTE_32I, CUDA_R_32I);
-  const auto lb = lt_layout(CUDA_R_8I, in, N, in);
-  const LtPtr<cublasLtMatmulPreference_t> pref = lt_preference();
-  LtPtr<cublasLtMatrixLayout_t> la, ld;
-  cublasLtMatmulHeuristicResult_t heur{};
-  int64_t planned = 0;
+  LtBlockPlan plan(cublas_lt_, desc.get(), CUDA_R_8I, CUDA_R_32I, in, N);
   const int32_t alpha = 1, beta = 0;
   const cuda::Dt ydt = y.dtype == DType::BF16 ? cuda::kBF16 : cuda::kF32;
   for (int64_t o0 = 0; o0 < out; o0 += block) {
     const int64_t rows = std::min(block, out - o0);
     if (exact) cuda::launch_qcanonical(qweight(w), o0, rows, wq, ws, wc, stream_);
     else cuda::launch_qrequant_int8(qweight(w), o0, rows, wq, ws, wc, stream_);
-    if (rows != planned) {
-      la = lt_layout(CUDA_R_8I, in, rows, in);
-      ld = lt_layout(CUDA_R_32I, rows, N, rows);
-      SALA_CHECK(lt_algo(cublas_lt_, desc.get(), la.get(), lb.get(), ld.get(), pref.get(), &heur),
-                 "--int8-prefill: cuBLASLt has no int8 GEMM for [{}, {}] x [{}, {}] on {}", N, in, rows, in,
-                 props_.name);
-      planned = rows;
-    }
-    SALA_CUBLAS_CHECK(cublasLtMatmul(cublas_lt_, desc.get(), &alpha, wq, la.get(), xq, lb.get(), &beta, acc, ld.get(),
-                                     acc, ld.get(), &heur.algo, cublas_ws_, kCublasWorkspace, stream_));
+    SALA_CHECK(plan.plan(rows, rows), "--int8-prefill: cuBLASLt has no int8 GEMM for [{}, {}] x [{}, {}] on {}", N,
+               in, rows, in, props_.name);
+    plan.run(&alpha, wq, xq, &beta, acc, cublas_ws_, kCublasWorkspace, stream_);
     cuda::launch_int8_epilogue(acc, rows, N, ws, wc, xs, xsum,
                                static_cast<uint8_t*>(y.data) + size_t(o0) * dtype_size(y.dtype), ydt, y.cols, stream_);
   }
