@@ -40,6 +40,7 @@ namespace fs = std::filesystem;
 namespace sala::cuda {
 void set_qgemv_tuning(int nt_variant, bool trigger);  // quant_gemv.cu (tests and benchmarks)
 void set_qgemv_small_variant(int v);
+void set_qgemv_prefetch(bool on);
 }
 
 namespace {
@@ -412,6 +413,29 @@ void test_matmul_group(CpuBackend& cpu, CudaBackend& gpu) {
         r.grouped == r.single ? "equal to per-part matmul" : "DIFFERS from per-part matmul");
 }
 
+// The FP8 decode GEMV copying its CTA's whole code block into shared memory before the dependency
+// wait (PA: 4096×4096 and smaller per-row fp8 matrices at N = 1): bit for bit the GEMV that
+// streams two stages (set_qgemv_prefetch(false)), and close to the CPU; 4008 columns end in a partial tile.
+void test_qgemv_prefetch(CpuBackend& cpu, CudaBackend& gpu) {
+  struct Shape {
+    int64_t out, in;
+  };
+  for (const Shape& sh : {Shape{4096, 4096}, Shape{1040, 2048}, Shape{96, 4008}}) {
+    const PackedMatrix pm = random_packed(WeightFormat::FP8, sh.out, sh.in, sh.in, 401 + uint64_t(sh.out));
+    const Weight wc = cpu.load_quantized_weight(pm.view(), "fp8"), wg = gpu.load_quantized_weight(pm.view(), "fp8");
+    const auto x = randn(size_t(sh.in), 402);
+    const auto ref = run_matmul(cpu, wc, x, 1, DType::F32, DType::F32);
+    cuda::set_qgemv_prefetch(true);
+    const auto pa = run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32);
+    cuda::set_qgemv_prefetch(false);
+    const auto streamed = run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32);
+    cuda::set_qgemv_prefetch(true);
+    const double e = rel_err(pa, ref);
+    check(pa == streamed && e < 2e-5, strf("fp8 GEMV, whole block prefetched, %lldx%lld", (long long)sh.out, (long long)sh.in),
+          strf("rel %.2e; %s", e, pa == streamed ? "equal to the streamed GEMV" : "DIFFERS from the streamed GEMV"));
+  }
+}
+
 // matmul_silu_mul (the MLP's gate/up with silu·mul; CUDA: fused into the packed GEMV at ≤ 8 rows)
 // against the CPU (bf16 tolerance) and against the same backend's unfused grouped GEMV + silu_mul
 // (Backend::matmul_silu_mul): bit for bit where both take the same two-row-block launch shape —
@@ -766,6 +790,7 @@ void test_quant_parity(int& pass, int& fail) {
     test_matmuls(cpu, gpu);
     test_qgemm(cpu, gpu);
     test_matmul_group(cpu, gpu);
+    test_qgemv_prefetch(cpu, gpu);
     test_matmul_silu_mul(cpu, gpu);
     test_fp8_prefill(cpu, gpu);
     test_int8_prefill(cpu, gpu);

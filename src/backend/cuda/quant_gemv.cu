@@ -59,6 +59,8 @@ namespace sala::cuda {
 void set_qgemv_tuning(int nt_variant, bool trigger);
 // N ≤ 8: the launch shape (0: automatic; 1..8: fixed shapes, see qgemv_f). Benchmarks only.
 void set_qgemv_small_variant(int v);
+// Whether the FP8 N = 1 GEMV of a 64 KB-per-CTA matrix copies it whole before its wait (PA; default on).
+void set_qgemv_prefetch(bool on);
 
 namespace {
 
@@ -67,6 +69,14 @@ using namespace qlayout;
 int g_nt_variant = 0;
 int g_small_variant = 0;
 bool g_trigger = true;
+// PA for FP8 where it fits (the 4096×4096 o_proj), unless SALA_CUDA_QGEMV_PREFETCH=0 or
+// set_qgemv_prefetch(false) (A/B runs, tests). H100, 4K batch 1
+// (bench/results/2026-11-26-h100-product-norm-fusion.md, runs 12–14): fp8 3.91 → 3.87 ms/step;
+// int8 neutral (3.96 → 3.97); int4 (its SP shape) slower (2.95 → 2.99).
+bool g_prefetch = [] {
+  const char* e = std::getenv("SALA_CUDA_QGEMV_PREFETCH");
+  return !(e && std::atoi(e) == 0);
+}();
 
 // Two f32 values with at most 8 significant bits (their low 16 bits are zero) as a bf16x2: exact.
 __device__ __forceinline__ uint32_t pack_exact_bf16x2(float lo, float hi) {
@@ -253,8 +263,12 @@ __device__ __forceinline__ void store_y(const QGemvPart& part, int n, int64_t o,
 // b computes row block b of part 0 (gate) as its first row block and of part 1 (up) as its second,
 // and writes only bf16(bf16(silu(g))·u) of g, u rounded to bf16 — the values silu_mul computes
 // from the bf16 outputs of the unfused launch (same launch shape: the same sums).
+// PA: the CTA's whole code block (R row blocks, ≤ 64 KB) is copied into shared memory before the
+// dependency wait, and the stages are read from there: a product that follows a long chain of
+// small kernels (o_proj after the GLA step or the sparse attention) has all its bytes in flight
+// while they run, instead of two stages.
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
-          bool XH = false, bool SP = false, bool ACT = false>
+          bool XH = false, bool SP = false, bool ACT = false, bool PA = false>
 __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const bf16* __restrict__ x, int ldx,
                                                         int N, int y_f32, int trigger) {
   constexpr int KT = tile_k(FMT), MT = KT / 16;
@@ -262,6 +276,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   static_assert(!XH || (NT == 1 && FMT != kQ4), "qgemv XH: one n-tile, FP8 or Q8");
   static_assert(!(SP && (PR || LP)), "qgemv SP: grouped formats, instead of LP");
   static_assert(!ACT || R == 2, "qgemv ACT: gate and up row blocks");
+  static_assert(!PA || (XH && !SP), "qgemv PA: per-row formats with x staged");
   __shared__ float red[W][R * 16][NT * 8];
   extern __shared__ uint4 dyn_smem[];  // SP: the parameters, then XH: x
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -288,6 +303,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   // SP: row block r's float4 of group gi and lane group g at sp[(r·groups + gi)·8 + g].
   float4* sp = reinterpret_cast<float4*>(dyn_smem);
   uint2* xh = reinterpret_cast<uint2*>(dyn_smem + (SP ? R * groups * 8 : 0));  // XH: x[0, 4i..4i+3]·kXhScale as f16
+  const uint4* pa = dyn_smem + in / 8;  // PA: row block r's tiles at pa[r·ktiles·32 ..] (after x)
 
   uint4 cwA[R][U], cwB[R][U];
   float4 ptA[R][U], ptB[R][U];
@@ -301,7 +317,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
       const uint32_t gi = tpg_shift >= 0 ? uint32_t(k) >> tpg_shift : uint32_t(k) / tpg;
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        cw[r][u] = ok ? ld_stream(codes[r] + k * 32) : zero4;
+        cw[r][u] = !ok ? zero4 : PA ? pa[(r * ktiles + k) * 32 + lane] : ld_stream(codes[r] + k * 32);
         pt[r][u] = !LP && !SP && tile_group && ok ? ld_param(params[r] + gi * 8) : zero4f;
       }
     }
@@ -315,8 +331,16 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
         cp_async16(smem_addr(sp + r * groups * 8 + i), params[r] - g + i, 16);
     cp_async_commit();
   }
-  load(0, cwA, ptA);
-  if (stages > 1) load(1, cwB, ptB);
+  if constexpr (PA) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      for (int i = threadIdx.x; i < ktiles * 32; i += W * 32)
+        cp_async16(smem_addr(pa + r * ktiles * 32 + i), codes[r] - lane + i, 16);
+    cp_async_commit();
+  } else {
+    load(0, cwA, ptA);
+    if (stages > 1) load(1, cwB, ptB);
+  }
   float4 prow[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) prow[r] = per_row ? ld_param(params[r]) : zero4f;
@@ -333,8 +357,12 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
       xh[i] = h;
     }
   }
-  if constexpr (SP) cp_async_wait_all();
+  if constexpr (SP || PA) cp_async_wait_all();
   if constexpr (XH || SP) __syncthreads();
+  if constexpr (PA) {
+    load(0, cwA, ptA);
+    if (stages > 1) load(1, cwB, ptB);
+  }
 
   // 1.0 in the A type: Σx for the biases through the same mma.
   const uint32_t one2 = XH ? 0x3C003C00u : 0x3F803F80u;
@@ -849,6 +877,8 @@ struct QArgs {
 
 // Shared memory per CTA without an opt-in attribute.
 constexpr size_t kStaticSmemLimit = 48 << 10;
+// PA: the largest code block a CTA copies whole before its dependency wait (two CTAs per SM).
+constexpr size_t kPrefetchMaxBytes = 64 << 10;
 
 // The XH path (x staged as f16 in shared memory): one row of x, in · 2 bytes within 48 KB.
 bool xh_fits(const QArgs& a) { return a.N == 1 && a.set.part[0].w.in <= 24576; }
@@ -864,10 +894,21 @@ bool params_in_smem() {
 }
 
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
-          bool XH = false, bool SP = false, bool ACT = false>
+          bool XH = false, bool SP = false, bool ACT = false, bool PA = false>
 void qgemv_cfg(const QArgs& a) {
   const size_t param_smem = SP ? size_t(R) * size_t(a.set.part[0].w.in / a.set.part[0].w.group) * 128 : 0;
-  const size_t smem = param_smem + (XH ? size_t(a.set.part[0].w.in) * 2 : 0);
+  const size_t ktiles = size_t((a.set.part[0].w.in + tile_k(FMT) - 1) / tile_k(FMT));
+  const size_t pa_bytes = PA ? size_t(R) * ktiles * 512 : 0;
+  const size_t smem = param_smem + (XH ? size_t(a.set.part[0].w.in) * 2 : 0) + pa_bytes;
+  if constexpr (PA) {  // beyond 48 KB; as many CTAs per SM as the shape asks (the largest carveout)
+    static const bool attr =
+        cudaFuncSetAttribute(qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT, PA>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPrefetchMaxBytes + 48 * 1024)) ==
+            cudaSuccess &&
+        cudaFuncSetAttribute(qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT, PA>,
+                             cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+    SALA_CUDA_REQUIRE(attr, "qgemv prefetch: shared memory attributes refused");
+  }
   if constexpr (SP) {  // parameters beyond 48 KB (in / group > 384 per row block): late loads instead
     if (smem > kStaticSmemLimit) return qgemv_cfg<FMT, NT, R, U, W, MINB, PR, true, TG, XH, false, ACT>(a);
   }
@@ -879,7 +920,7 @@ void qgemv_cfg(const QArgs& a) {
   }
   set.first[set.count] = blocks;
   if constexpr (ACT) blocks = unsigned((set.part[0].w.out + 15) / 16);  // one CTA per gate/up row block pair
-  launch_pdl(a.pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT>, dim3(blocks), dim3(W * 32), smem, a.st, set,
+  launch_pdl(a.pdl, qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT, PA>, dim3(blocks), dim3(W * 32), smem, a.st, set,
              static_cast<const bf16*>(a.x), int(a.ldx), a.N, int(a.dty == kF32), int(g_trigger && a.pdl));
 }
 
@@ -937,7 +978,13 @@ void qgemv_small(const QArgs& a, int warps) {
     }
     // N = 1: x as f16 in shared memory (≤ 48 KB), the lean f16 decode (XH).
     if (xh_fits(a)) {
-      if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, true>(a);
+      if (a.rows <= 8192) {
+        if constexpr (FMT == kFP8) {
+          if (g_prefetch && size_t(a.set.part[0].w.in) * 16 <= kPrefetchMaxBytes)
+            return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, true, false, false, true>(a);
+        }
+        return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, true>(a);
+      }
       if (a.rows <= 32768) {
         if constexpr (FMT == kFP8) return qgemv_cfg<FMT, 1, 1, 4, 4, 8, PR, false, TG, true>(a);
         return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG, true>(a);
@@ -1102,6 +1149,8 @@ void set_qgemv_tuning(int nt_variant, bool trigger) {
 }
 
 void set_qgemv_small_variant(int v) { g_small_variant = v; }
+
+void set_qgemv_prefetch(bool on) { g_prefetch = on; }
 
 void launch_qgemv_set(const QGemvSet& set, const void* x, int64_t ldx, Dt dty, int N, int warps, bool pdl,
                       cudaStream_t st, float* split_ws, size_t split_ws_floats) {
