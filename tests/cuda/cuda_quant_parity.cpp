@@ -415,7 +415,8 @@ void test_matmul_group(CpuBackend& cpu, CudaBackend& gpu) {
 
 // The FP8 decode GEMV copying its CTA's whole code block into shared memory before the dependency
 // wait (PA: 4096×4096 and smaller per-row fp8 matrices at N = 1): bit for bit the GEMV that
-// streams two stages (set_qgemv_prefetch(false)), and close to the CPU; 4008 columns end in a partial tile.
+// streams two stages (set_qgemv_prefetch(false)), and close to the CPU; 4008 columns end in a
+// partial tile.
 void test_qgemv_prefetch(CpuBackend& cpu, CudaBackend& gpu) {
   struct Shape {
     int64_t out, in;
@@ -431,7 +432,8 @@ void test_qgemv_prefetch(CpuBackend& cpu, CudaBackend& gpu) {
     const auto streamed = run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32);
     cuda::set_qgemv_prefetch(true);
     const double e = rel_err(pa, ref);
-    check(pa == streamed && e < 2e-5, strf("fp8 GEMV, whole block prefetched, %lldx%lld", (long long)sh.out, (long long)sh.in),
+    check(pa == streamed && e < 2e-5,
+          strf("fp8 GEMV, whole block prefetched, %lldx%lld", (long long)sh.out, (long long)sh.in),
           strf("rel %.2e; %s", e, pa == streamed ? "equal to the streamed GEMV" : "DIFFERS from the streamed GEMV"));
   }
 }

@@ -71,7 +71,7 @@ int g_small_variant = 0;
 bool g_trigger = true;
 // PA for FP8 where it fits (the 4096×4096 o_proj), unless SALA_CUDA_QGEMV_PREFETCH=0 or
 // set_qgemv_prefetch(false) (A/B runs, tests). H100, 4K batch 1
-// (bench/results/2026-11-26-h100-product-norm-fusion.md, runs 12–14): fp8 3.91 → 3.87 ms/step;
+// (bench/results/2026-11-26-h100-product-norm-fusion.md, runs 12–15): fp8 3.91 → 3.87 ms/step;
 // int8 neutral (3.96 → 3.97); int4 (its SP shape) slower (2.95 → 2.99).
 bool g_prefetch = [] {
   const char* e = std::getenv("SALA_CUDA_QGEMV_PREFETCH");
@@ -130,6 +130,12 @@ __device__ __forceinline__ void decode_a(const uint4& c, int j, uint32_t a[4]) {
     a[2] = fp8x2_bf16x2(wg, 1);
     a[3] = fp8x2_bf16x2(wg8, 1);
   }
+}
+
+// n 16-byte pieces from global to shared memory by a CTA of T threads (cp.async; the caller commits).
+template <int T>
+__device__ __forceinline__ void cp_async_pieces(uint4* dst, const uint4* src, int n) {
+  for (int i = threadIdx.x; i < n; i += T) cp_async16(smem_addr(dst + i), src + i, 16);
 }
 
 // The part of a grouped launch that CTA b works on (parts are laid out one after another) and the
@@ -278,7 +284,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   static_assert(!ACT || R == 2, "qgemv ACT: gate and up row blocks");
   static_assert(!PA || (XH && !SP), "qgemv PA: per-row formats with x staged");
   __shared__ float red[W][R * 16][NT * 8];
-  extern __shared__ uint4 dyn_smem[];  // SP: the parameters, then XH: x
+  extern __shared__ uint4 dyn_smem[];  // SP: the parameters, then XH: x, then PA: the codes
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const PartBlock pb = ACT ? PartBlock{0, int(blockIdx.x)} : find_part<R>(set, blockIdx.x);
   const QWeight& w = set.part[pb.part].w;
@@ -303,7 +309,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   // SP: row block r's float4 of group gi and lane group g at sp[(r·groups + gi)·8 + g].
   float4* sp = reinterpret_cast<float4*>(dyn_smem);
   uint2* xh = reinterpret_cast<uint2*>(dyn_smem + (SP ? R * groups * 8 : 0));  // XH: x[0, 4i..4i+3]·kXhScale as f16
-  const uint4* pa = dyn_smem + in / 8;  // PA: row block r's tiles at pa[r·ktiles·32 ..] (after x)
+  uint4* const pa = dyn_smem + in / 8;  // PA: row block r's tiles at pa[r·ktiles·32 ..] (after x)
 
   uint4 cwA[R][U], cwB[R][U];
   float4 ptA[R][U], ptB[R][U];
@@ -323,19 +329,18 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
     }
   };
 
-  // Weights never depend on earlier kernels: the first two stages are requested before the wait.
+  // Weights never depend on earlier kernels: the first two stages (PA: the whole code block) are
+  // requested before the wait.
   if constexpr (SP) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
-      for (int i = threadIdx.x; i < groups * 8; i += W * 32)
-        cp_async16(smem_addr(sp + r * groups * 8 + i), params[r] - g + i, 16);
+      cp_async_pieces<W * 32>(reinterpret_cast<uint4*>(sp) + r * groups * 8,
+                              reinterpret_cast<const uint4*>(params[r] - g), groups * 8);
     cp_async_commit();
   }
   if constexpr (PA) {
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-      for (int i = threadIdx.x; i < ktiles * 32; i += W * 32)
-        cp_async16(smem_addr(pa + r * ktiles * 32 + i), codes[r] - lane + i, 16);
+    for (int r = 0; r < R; ++r) cp_async_pieces<W * 32>(pa + r * ktiles * 32, codes[r] - lane, ktiles * 32);
     cp_async_commit();
   } else {
     load(0, cwA, ptA);
