@@ -11,6 +11,12 @@ bool cuda_device_available();
 #endif
 
 void Backend::lightning_block(int layer, Mat q, Mat k, const Mat& v, const LightningNorms& n, Mat out) {
+  lightning_qk(q, k, n);
+  lightning_attention(layer, q, k, v, out);
+  lightning_output(n, out);
+}
+
+void Backend::lightning_qk(Mat q, Mat k, const LightningNorms& n) {
   SALA_CHECK(!n.q_norm == !n.k_norm, "lightning_block: q_norm and k_norm come together");
   if (n.q_norm) {
     qk_norm_rope(q, k, *n.q_norm, *n.k_norm, n.eps, n.head_dim, n.rope, n.theta);
@@ -18,8 +24,6 @@ void Backend::lightning_block(int layer, Mat q, Mat k, const Mat& v, const Light
     rope(q, n.head_dim, n.theta);
     rope(k, n.head_dim, n.theta);
   }
-  lightning_attention(layer, q, k, v, out);
-  lightning_output(n, out);
 }
 
 void Backend::lightning_output(const LightningNorms& n, Mat out) {

@@ -231,6 +231,8 @@ class Backend {
     float eps = 0;
   };
   virtual void lightning_block(int layer, Mat q, Mat k, const Mat& v, const LightningNorms& n, Mat out);
+  // lightning_block's first part as separate ops: the q/k norms and RoPE of n applied in place.
+  void lightning_qk(Mat q, Mat k, const LightningNorms& n);
   // lightning_block's last part: the output norm and gate of n applied to out in place.
   void lightning_output(const LightningNorms& n, Mat out);
 

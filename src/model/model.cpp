@@ -121,10 +121,7 @@ void Model::lightning_mixer(int layer, const LayerWeights& w, const Mat& x, Mat 
   if (c.use_output_gate) norms.z = &z;
   norms.eps = c.rms_norm_eps;
   if (capture_on_) {  // speculative verify: the post-norm/RoPE k, v rows are kept for rollback
-    if (norms.q_norm)
-      backend_.qk_norm_rope(q, k, w.q_norm, w.k_norm, c.rms_norm_eps, c.lightning_head_dim, norms.rope, c.rope_theta);
-    else if (norms.rope)
-      backend_.rope(q, c.lightning_head_dim, c.rope_theta), backend_.rope(k, c.lightning_head_dim, c.rope_theta);
+    backend_.lightning_qk(q, k, norms);
     norms.q_norm = norms.k_norm = nullptr;
     norms.rope = false;
     const int li = config_.kind_index(layer);

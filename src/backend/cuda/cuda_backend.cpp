@@ -1101,10 +1101,7 @@ void CudaBackend::sparse_attention(int layer, const Mat& q, const Mat& k, const 
 // The output gate in the attention kernels' stores (SparseArgs::gate) unless mixer fusion is off
 // (SALA_CUDA_MIXER_FUSION=0: the sigmoid_mul launch, for A/B runs).
 void CudaBackend::sparse_block(int layer, const Mat& q, const Mat& k, const Mat& v, const Mat* gate, Mat out) {
-  if (gate && !mixer_fusion_) {
-    sparse_block(layer, q, k, v, nullptr, out);
-    return sigmoid_mul(out, *gate, out);
-  }
+  if (gate && !mixer_fusion_) return Backend::sparse_block(layer, q, k, v, gate, out);
   SALA_CHECK(batch_ready_, "cuda sparse_attention: begin_batch was not called");
   SALA_CHECK(rows_covered_, "cuda sparse_attention: some batch row belongs to no sequence");
   SALA_CHECK(k_ && layer >= 0 && layer < spec_.sparse_layers, "cuda sparse_attention: layer {} out of range [0, {})",

@@ -394,14 +394,14 @@ void launch_rmsnorm(const void* x, Dt dtx, const void* w, Dt dtw, void* y, Dt dt
                    aligned16(y);
   if (vec && cols >= 1024 && cols <= 8 * 256 * 8) {
     const int ppt = int((cols / 8 + 255) / 256);
-    auto xb = static_cast<const bf16*>(x);
-    auto wb = static_cast<const bf16*>(w);
-    auto yb = static_cast<bf16*>(y);
-    const unsigned r = unsigned(rows);
-    if (ppt <= 1) launch_pdl(g_small_pdl, rmsnorm_bf16_wide<1>, dim3(r), dim3(256), 0, st, xb, wb, yb, int(cols), eps);
-    else if (ppt <= 2) launch_pdl(g_small_pdl, rmsnorm_bf16_wide<2>, dim3(r), dim3(256), 0, st, xb, wb, yb, int(cols), eps);
-    else if (ppt <= 4) launch_pdl(g_small_pdl, rmsnorm_bf16_wide<4>, dim3(r), dim3(256), 0, st, xb, wb, yb, int(cols), eps);
-    else launch_pdl(g_small_pdl, rmsnorm_bf16_wide<8>, dim3(r), dim3(256), 0, st, xb, wb, yb, int(cols), eps);
+    auto go = [&](auto kernel) {
+      launch_pdl(g_small_pdl, kernel, dim3(unsigned(rows)), dim3(256), 0, st, static_cast<const bf16*>(x),
+                 static_cast<const bf16*>(w), static_cast<bf16*>(y), int(cols), eps);
+    };
+    if (ppt <= 1) go(rmsnorm_bf16_wide<1>);
+    else if (ppt <= 2) go(rmsnorm_bf16_wide<2>);
+    else if (ppt <= 4) go(rmsnorm_bf16_wide<4>);
+    else go(rmsnorm_bf16_wide<8>);
   } else if (vec)
     rmsnorm_bf16<<<blocks, 256, 0, st>>>(static_cast<const bf16*>(x), static_cast<const bf16*>(w),
                                          static_cast<bf16*>(y), rows, int(cols), eps);
