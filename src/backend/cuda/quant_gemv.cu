@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   // SP: row block r's float4 of group gi and lane group g at sp[(r·groups + gi)·8 + g].
   float4* sp = reinterpret_cast<float4*>(dyn_smem);
   uint2* xh = reinterpret_cast<uint2*>(dyn_smem + (SP ? R * groups * 8 : 0));  // XH: x[0, 4i..4i+3]·kXhScale as f16
-  uint4* const pa = dyn_smem + in / 8;  // PA: row block r's tiles at pa[r·ktiles·32 ..] (after x)
+  uint4* const pa = dyn_smem + (in + 7) / 8;  // PA: row block r's tiles at pa[r·ktiles·32 ..] (after x)
 
   uint4 cwA[R][U], cwB[R][U];
   float4 ptA[R][U], ptB[R][U];
@@ -904,7 +904,8 @@ void qgemv_cfg(const QArgs& a) {
   const size_t param_smem = SP ? size_t(R) * size_t(a.set.part[0].w.in / a.set.part[0].w.group) * 128 : 0;
   const size_t ktiles = size_t((a.set.part[0].w.in + tile_k(FMT) - 1) / tile_k(FMT));
   const size_t pa_bytes = PA ? size_t(R) * ktiles * 512 : 0;
-  const size_t smem = param_smem + (XH ? size_t(a.set.part[0].w.in) * 2 : 0) + pa_bytes;
+  // XH: x as in 2-byte values, rounded up to 16 bytes (PA's codes after it stay aligned).
+  const size_t smem = param_smem + (XH ? size_t((a.set.part[0].w.in + 7) / 8) * 16 : 0) + pa_bytes;
   if constexpr (PA) {  // beyond 48 KB; as many CTAs per SM as the shape asks (the largest carveout)
     static const bool attr =
         cudaFuncSetAttribute(qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT, PA>,
