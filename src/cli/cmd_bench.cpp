@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <utility>
 
 #include "cli/bench_serve.h"
 #include "cli/bench_speculative.h"
@@ -18,9 +20,13 @@
 #include "cli/random_model.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/kernel_timeline.h"
 #include "engine/memory.h"
 #include "engine/roofline.h"
 #include "model/presets.h"
+#ifdef SALA_HAS_CUDA
+#include "backend/cuda/kernel_trace.h"
+#endif
 
 namespace sala::cli {
 namespace {
@@ -93,6 +99,7 @@ Runner setup(CLI::App& app) {
     int prefill_reps = 1;
     uint64_t seed = 0;
     bool quant_lm_head = false;
+    bool kernel_trace = false;
     BackendOptions backend;
     ServeBenchOptions serve;
     SpeculativeCostOptions speculative_costs;
@@ -112,6 +119,9 @@ Runner setup(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--chunk", o->chunk, "prefill chunk (tokens per forward)");
   app.add_option("--decode-steps", o->decode_steps, "timed decode steps per row (after 2 warm-up steps)");
+  app.add_flag("--kernel-trace", o->kernel_trace,
+               "CUDA: trace the timed decode steps' kernels (CUPTI) and print, per row, which kernels the step "
+               "waits on (engine/kernel_timeline.h); the rows are then timed with the trace on");
   app.add_option("--prefill-reps", o->prefill_reps,
                  "batch-1 prefill timings per context; above 1, each prefills the context from empty on a fresh "
                  "sequence and the row reports the median (prefill t/s = context / median)")
@@ -194,6 +204,23 @@ Runner setup(CLI::App& app) {
     }
     const ModelConfig& c = m.config;
     const bool gpu = backend->name() != "cpu";
+#ifdef SALA_HAS_CUDA
+    std::unique_ptr<cuda::KernelTrace> trace;
+#else
+    struct NoTrace {
+      uint64_t now() const { return 0; }
+      std::vector<KernelSpan> take() { return {}; }
+    };
+    std::unique_ptr<NoTrace> trace;
+#endif
+    if (o->kernel_trace) {
+      SALA_CHECK(backend->name() == "cuda", "bench --kernel-trace: traces CUDA kernels; this is the {} backend",
+                 backend->name());
+#ifdef SALA_HAS_CUDA
+      trace = std::make_unique<cuda::KernelTrace>();
+#endif
+    }
+    std::string timeline;  // the last row's kernel timeline (--kernel-trace)
     const Ceilings ceil = measure_ceilings(*backend, gpu);
     backend->reset_memory_peak();  // the ceilings' buffers are not the model's
     std::fprintf(stderr, "ceilings (%s, %s): %.0f GB/s elementwise read+write, %.1f TFLOP/s matmul (%s)\n",
@@ -222,6 +249,8 @@ Runner setup(CLI::App& app) {
 
     auto decode_steps = [&](Engine& e, const std::vector<int>& seqs) {
       std::vector<double> t;
+      std::vector<uint64_t> marks;  // --kernel-trace: where each timed step begins
+      if (trace) trace->take();     // the prefill's and earlier rows' kernels
       Backend::GraphStats g0;
       for (int i = 0; i < o->decode_steps + 2; ++i) {
         std::vector<std::vector<int32_t>> next;
@@ -229,6 +258,7 @@ Runner setup(CLI::App& app) {
         for (int s : seqs) next.push_back(random_tokens(1));
         for (size_t k = 0; k < seqs.size(); ++k) reqs.push_back({seqs[k], next[k]});
         if (i == 2) g0 = backend->graph_stats();
+        if (trace && i >= 2) marks.push_back(trace->now());
         auto t0 = Clock::now();
         e.step(reqs);  // returns logits on the host: the device work is finished
         if (i >= 2) t.push_back(seconds_since(t0));
@@ -236,6 +266,7 @@ Runner setup(CLI::App& app) {
       const Backend::GraphStats g1 = backend->graph_stats();
       dec_gpu_ms = (g1.gpu_ms - g0.gpu_ms) / double(std::max(o->decode_steps, 1));
       dec_replays = g1.replays - g0.replays;
+      if (trace) timeline = format_kernel_timeline(kernel_timeline(trace->take(), marks));
       return median(t);
     };
     // Memory of a row: the caches of its sequences at its context (engine/memory.h, as `sala info
@@ -261,6 +292,7 @@ Runner setup(CLI::App& app) {
                   o->decode_steps, mib(weights), mib(cache.kv), mib(cache.compressed), mib(cache.states),
                   known ? fmt::format("{:.1f}", mib(workspace)).c_str() : "-",
                   ms.peak >= 0 ? fmt::format("{:.1f}", mib(double(ms.peak))).c_str() : "-");
+      if (!timeline.empty()) std::printf("%s", std::exchange(timeline, {}).c_str());
       std::fflush(stdout);
       rows.push_back({{"context", ctx}, {"batch", batch}, {"prefill_tok_s", prefill_tps},
                       {"prefill_pct_matmul", prefill_pct}, {"ttft_s", ttft}, {"decode_tok_s", double(batch) / step},
