@@ -13,8 +13,10 @@
 # medians of 5 per context; SALA_QPREFILL_RUNS="FORMAT[+w8a8] ..."), the speculative verify/draft costs (spec-costs) and the serving benchmark (serve-bench:
 # scripts/serve_bench.sh, 9B random, concurrency 1/8/32). Missing optional steps are skipped with a message.
 # A short summary table is printed last. Steps can be chosen with
-#   SALA_DEVICE_STEPS="build test bench e2e sala-bench quant-bench quant-quality qgemm quant-prefill decode-fusion spec-costs serve-bench"
-#   (default: all but quant-quality, qgemm, quant-prefill, decode-fusion). decode-fusion: batch-1 decode at 4K with the
+#   SALA_DEVICE_STEPS="build test bench e2e sala-bench quant-bench quant-quality qgemm quant-prefill decode-fusion kernel-timeline spec-costs serve-bench"
+#   (default: all but quant-quality, qgemm, quant-prefill, decode-fusion, kernel-timeline). kernel-timeline: batch-1 decode
+#   at 4K with `sala bench --kernel-trace` (which kernels the step waits on), per format; SALA_TIMELINE_RUNS="FORMAT[+lm] ...".
+#   decode-fusion: batch-1 decode at 4K with the
 #   mixers' small ops fused (default: lightning q/k norms in the GLA launch, sparse output gate in the attention
 #   stores) and as their own launches (SALA_CUDA_MIXER_FUSION=0), per format; SALA_FUSION_RUNS="FORMAT[+lm]:0|1 ...".
 # Exit status: non-zero if the build or any run step failed.
@@ -238,9 +240,27 @@ if want decode-fusion; then
   fi
 fi
 
+if want kernel-timeline; then
+  if have_bench; then
+    for q in ${SALA_TIMELINE_RUNS:-none fp8 fp8+lm int8 int4}; do
+      fmt=${q%+lm} lm=()
+      [ "$fmt" != "$q" ] && lm=(--quant-lm-head)
+      run "timeline-$q" "$OUT/kernel_timeline.log" timeout 200 "$SALA" bench --random 9b --backend cuda --quant "$fmt" \
+        "${lm[@]}" --contexts 4k --batches 1 --decode-steps 32 --kernel-trace
+      if [ "$LAST_RC" -eq 0 ]; then
+        note "timeline-$q" ok "$LAST_DT" "$(grep '^kernel timeline' "$OUT/kernel_timeline.log" | tail -1 | grep -o 'device [0-9.]* us/step')"
+      else note "timeline-$q" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
+    done
+  fi
+fi
+
 # ---- summary (last) ----
 {
   echo
+  if [ -f "$OUT/kernel_timeline.log" ]; then  # the tables themselves: few files come back from a device run
+    echo "--- kernel timelines (kernel_timeline.log) ---"
+    grep -E '^=== |^kernel timeline|^  ' "$OUT/kernel_timeline.log" | sed 's/^/  /'
+  fi
   if [ -f "$OUT/bench.log" ]; then
     echo "--- kernel benchmarks (bench.log) ---"
     grep -E 'us .*GB/s' "$OUT/bench.log" | sed 's/^/  /'
