@@ -214,6 +214,9 @@ __device__ __forceinline__ void mma_x(float d[4], const uint32_t a[4], uint2 b) 
 // f16's normal and upper subnormal range there); smaller values round by ≤ 2^-21 absolute (far
 // under the bf16 output's rounding), larger ones (|x| ≥ 2^20, no sane activation) overflow.
 constexpr float kXhScale = 1.f / 16.f;
+// 16-byte pieces of shared memory XH's staged x takes (in 2-byte values, rounded up so that what
+// follows it — PA's codes — stays 16-byte aligned): the kernel's layout and the launch's size.
+__host__ __device__ constexpr int xh_pieces(int64_t in) { return int((in + 7) / 8); }
 
 
 // cf += s·cq + b·cx for one row block, from its group's float4 {s, b, s, b} (rows g, g + 8), in
@@ -309,7 +312,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   // SP: row block r's float4 of group gi and lane group g at sp[(r·groups + gi)·8 + g].
   float4* sp = reinterpret_cast<float4*>(dyn_smem);
   uint2* xh = reinterpret_cast<uint2*>(dyn_smem + (SP ? R * groups * 8 : 0));  // XH: x[0, 4i..4i+3]·kXhScale as f16
-  uint4* const pa = dyn_smem + (in + 7) / 8;  // PA: row block r's tiles at pa[r·ktiles·32 ..] (after x)
+  uint4* const pa = reinterpret_cast<uint4*>(xh) + xh_pieces(in);  // PA: row block r's tiles at pa[r·ktiles·32 ..]
 
   uint4 cwA[R][U], cwB[R][U];
   float4 ptA[R][U], ptB[R][U];
@@ -904,8 +907,7 @@ void qgemv_cfg(const QArgs& a) {
   const size_t param_smem = SP ? size_t(R) * size_t(a.set.part[0].w.in / a.set.part[0].w.group) * 128 : 0;
   const size_t ktiles = size_t((a.set.part[0].w.in + tile_k(FMT) - 1) / tile_k(FMT));
   const size_t pa_bytes = PA ? size_t(R) * ktiles * 512 : 0;
-  // XH: x as in 2-byte values, rounded up to 16 bytes (PA's codes after it stay aligned).
-  const size_t smem = param_smem + (XH ? size_t((a.set.part[0].w.in + 7) / 8) * 16 : 0) + pa_bytes;
+  const size_t smem = param_smem + (XH ? size_t(xh_pieces(a.set.part[0].w.in)) * 16 : 0) + pa_bytes;
   if constexpr (PA) {  // beyond 48 KB; as many CTAs per SM as the shape asks (the largest carveout)
     static const bool attr =
         cudaFuncSetAttribute(qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT, PA>,
