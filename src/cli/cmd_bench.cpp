@@ -100,6 +100,7 @@ Runner setup(CLI::App& app) {
     uint64_t seed = 0;
     bool quant_lm_head = false;
     bool kernel_trace = false;
+    std::string kernel_trace_csv;
     BackendOptions backend;
     ServeBenchOptions serve;
     SpeculativeCostOptions speculative_costs;
@@ -122,6 +123,9 @@ Runner setup(CLI::App& app) {
   app.add_flag("--kernel-trace", o->kernel_trace,
                "CUDA: trace the timed decode steps' kernels (CUPTI) and print, per row, which kernels the step "
                "waits on (engine/kernel_timeline.h); the rows are then timed with the trace on");
+  app.add_option("--kernel-trace-csv", o->kernel_trace_csv,
+                 "with --kernel-trace: write every traced launch here as CSV (row, step, index, kernel, CTAs, "
+                 "start/end/exposed µs from the step's first kernel), to read a step launch by launch");
   app.add_option("--prefill-reps", o->prefill_reps,
                  "batch-1 prefill timings per context; above 1, each prefills the context from empty on a fresh "
                  "sequence and the row reports the median (prefill t/s = context / median)")
@@ -213,6 +217,7 @@ Runner setup(CLI::App& app) {
     };
     std::unique_ptr<NoTrace> trace;
 #endif
+    SALA_CHECK(o->kernel_trace_csv.empty() || o->kernel_trace, "bench --kernel-trace-csv needs --kernel-trace");
     if (o->kernel_trace) {
       SALA_CHECK(backend->name() == "cuda", "bench --kernel-trace: traces CUDA kernels; this is the {} backend",
                  backend->name());
@@ -221,6 +226,8 @@ Runner setup(CLI::App& app) {
 #endif
     }
     std::string timeline;  // the last row's kernel timeline (--kernel-trace)
+    std::string spans_csv = kKernelSpansCsvHeader;  // every traced row's launches (--kernel-trace-csv)
+    int traced_rows = 0;
     const Ceilings ceil = measure_ceilings(*backend, gpu);
     backend->reset_memory_peak();  // the ceilings' buffers are not the model's
     std::fprintf(stderr, "ceilings (%s, %s): %.0f GB/s elementwise read+write, %.1f TFLOP/s matmul (%s)\n",
@@ -266,7 +273,11 @@ Runner setup(CLI::App& app) {
       const Backend::GraphStats g1 = backend->graph_stats();
       dec_gpu_ms = (g1.gpu_ms - g0.gpu_ms) / double(std::max(o->decode_steps, 1));
       dec_replays = g1.replays - g0.replays;
-      if (trace) timeline = format_kernel_timeline(kernel_timeline(trace->take(), marks));
+      if (trace) {
+        std::vector<KernelSpan> spans = trace->take();
+        timeline = format_kernel_timeline(kernel_timeline(spans, marks));
+        if (!o->kernel_trace_csv.empty()) spans_csv += kernel_spans_csv(std::move(spans), marks, traced_rows++);
+      }
       return median(t);
     };
     // Memory of a row: the caches of its sequences at its context (engine/memory.h, as `sala info
@@ -384,6 +395,11 @@ Runner setup(CLI::App& app) {
       std::ofstream f(json_path);
       SALA_CHECK(f, "bench: cannot write '{}'", json_path);
       f << doc.dump(2) << "\n";
+    }
+    if (!o->kernel_trace_csv.empty()) {
+      std::ofstream f(o->kernel_trace_csv);
+      SALA_CHECK(f, "bench: cannot write '{}'", o->kernel_trace_csv);
+      f << spans_csv;
     }
     if (!o->plot.empty()) plot({json_path}, o->plot);
     return 0;

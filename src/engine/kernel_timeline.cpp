@@ -28,36 +28,64 @@ std::string kernel_short_name(const std::string& name) {
   return s.empty() ? name : s;
 }
 
-KernelTimeline kernel_timeline(std::vector<KernelSpan> spans, const std::vector<uint64_t>& marks) {
-  KernelTimeline t;
-  if (marks.empty()) return t;
+namespace {
+
+// Walks the steps' launches in start order: visit(step, index in step, span, step's first start,
+// exposed ns); returns per step {first start, mark, completion frontier}.
+struct StepBounds {
+  uint64_t first = 0, mark = 0, frontier = 0;
+};
+template <typename Visit>
+std::vector<StepBounds> walk_steps(std::vector<KernelSpan>& spans, const std::vector<uint64_t>& marks, Visit visit) {
+  std::vector<StepBounds> steps;
+  if (marks.empty()) return steps;
   std::sort(spans.begin(), spans.end(), [](const KernelSpan& a, const KernelSpan& b) { return a.start < b.start; });
-  struct Acc {
-    double launches = 0, span_ns = 0, exposed_ns = 0;
-  };
-  std::map<std::string, Acc> acc;
-  double device_ns = 0, gap_ns = 0;
   size_t i = 0;
   while (i < spans.size() && spans[i].start < marks[0]) ++i;
   for (size_t m = 0; m < marks.size(); ++m) {
     const uint64_t until = m + 1 < marks.size() ? marks[m + 1] : UINT64_MAX;
     if (i >= spans.size() || spans[i].start >= until) continue;
-    uint64_t frontier = spans[i].start;
-    gap_ns += double(spans[i].start - marks[m]);
-    const uint64_t first = frontier;
-    for (; i < spans.size() && spans[i].start < until; ++i) {
+    StepBounds b{spans[i].start, marks[m], spans[i].start};
+    for (int index = 0; i < spans.size() && spans[i].start < until; ++i, ++index) {
       const KernelSpan& k = spans[i];
-      Acc& a = acc[fmt::format("{} [{}]", kernel_short_name(k.name), k.grid)];
-      a.launches += 1;
-      a.span_ns += double(k.end - k.start);
-      if (k.end > frontier) {
-        a.exposed_ns += double(k.end - frontier);
-        frontier = k.end;
-      }
+      const uint64_t exposed = k.end > b.frontier ? k.end - b.frontier : 0;
+      b.frontier = std::max(b.frontier, k.end);
+      visit(int(steps.size()), index, k, b.first, exposed);
     }
-    device_ns += double(frontier - first);
-    ++t.steps;
+    steps.push_back(b);
   }
+  return steps;
+}
+
+}  // namespace
+
+std::string kernel_spans_csv(std::vector<KernelSpan> spans, const std::vector<uint64_t>& marks, int row) {
+  std::string out;
+  walk_steps(spans, marks, [&](int step, int index, const KernelSpan& k, uint64_t first, uint64_t exposed) {
+    out += fmt::format("{},{},{},{},{},{:.3f},{:.3f},{:.3f}\n", row, step, index, kernel_short_name(k.name), k.grid,
+                       double(k.start - first) / 1e3, double(k.end - first) / 1e3, double(exposed) / 1e3);
+  });
+  return out;
+}
+
+KernelTimeline kernel_timeline(std::vector<KernelSpan> spans, const std::vector<uint64_t>& marks) {
+  KernelTimeline t;
+  struct Acc {
+    double launches = 0, span_ns = 0, exposed_ns = 0;
+  };
+  std::map<std::string, Acc> acc;
+  const auto bounds = walk_steps(spans, marks, [&](int, int, const KernelSpan& k, uint64_t, uint64_t exposed) {
+    Acc& a = acc[fmt::format("{} [{}]", kernel_short_name(k.name), k.grid)];
+    a.launches += 1;
+    a.span_ns += double(k.end - k.start);
+    a.exposed_ns += double(exposed);
+  });
+  double device_ns = 0, gap_ns = 0;
+  for (const StepBounds& b : bounds) {
+    device_ns += double(b.frontier - b.first);
+    gap_ns += double(b.first - b.mark);
+  }
+  t.steps = int(bounds.size());
   if (t.steps == 0) return t;
   const double steps = t.steps;
   t.device_us = device_ns / steps / 1e3;

@@ -41,6 +41,12 @@ std::string kernel_short_name(const std::string& name);
 // to its end); spans before marks[0] are ignored. Steps without kernels are not counted.
 KernelTimeline kernel_timeline(std::vector<KernelSpan> spans, const std::vector<uint64_t>& marks);
 
+// Every launch of the traced steps as CSV lines under kKernelSpansCsvHeader (row: the caller's
+// label, e.g. the bench row; step; index in the step; kernel; CTAs; start, end and exposed µs from
+// the step's first kernel start): `sala bench --kernel-trace-csv`, to read a step launch by launch.
+inline constexpr const char* kKernelSpansCsvHeader = "row,step,index,kernel,ctas,start_us,end_us,exposed_us\n";
+std::string kernel_spans_csv(std::vector<KernelSpan> spans, const std::vector<uint64_t>& marks, int row);
+
 // The timeline as a fixed-width table (the families taking `min_share` of the device time or more,
 // the rest summed in one line).
 std::string format_kernel_timeline(const KernelTimeline& t, double min_share = 0.005);

@@ -46,6 +46,21 @@ TEST(KernelTimeline, ExposedTimeAddsUpToTheDeviceSpan) {
   EXPECT_NE(table.find("2 steps"), std::string::npos);
 }
 
+TEST(KernelTimeline, SpansAsCsv) {
+  // The spans of ExposedTimeAddsUpToTheDeviceSpan, launch by launch (µs from each step's first start).
+  const std::vector<KernelSpan> spans = {
+      {"void ns::a<2>(int)", 1050, 1300, 8}, {"void ns::b(int)", 300, 500, 1},   {"void ns::early(int)", 10, 20, 1},
+      {"void ns::a<1>(int)", 100, 400, 8},   {"void ns::c(int)", 600, 650, 1},   {"void ns::b(int)", 1100, 1200, 1},
+  };
+  EXPECT_EQ(kernel_spans_csv(spans, {50, 1000}, 3),
+            "3,0,0,a,8,0.000,0.300,0.300\n"
+            "3,0,1,b,1,0.200,0.400,0.100\n"
+            "3,0,2,c,1,0.500,0.550,0.150\n"
+            "3,1,0,a,8,0.000,0.250,0.250\n"
+            "3,1,1,b,1,0.050,0.150,0.000\n");
+  EXPECT_EQ(kernel_spans_csv(spans, {}, 0), "");
+}
+
 TEST(KernelTimeline, NoMarksOrNoKernels) {
   EXPECT_EQ(kernel_timeline({{"k", 1, 2, 1}}, {}).steps, 0);
   EXPECT_EQ(kernel_timeline({{"k", 1, 2, 1}}, {5}).steps, 0);  // the only kernel is before the mark
