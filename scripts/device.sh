@@ -16,7 +16,7 @@
 #   SALA_DEVICE_STEPS="build test bench e2e sala-bench quant-bench quant-quality qgemm quant-prefill decode-fusion kernel-timeline spec-costs serve-bench"
 #   (default: all but quant-quality, qgemm, quant-prefill, decode-fusion, kernel-timeline). kernel-timeline: batch-1 decode
 #   at 4K with `sala bench --kernel-trace` (which kernels the step waits on), per format; SALA_TIMELINE_RUNS="FORMAT[+lm] ...";
-#   every launch in kernels-FORMAT.csv (tools/kernel_steps.py reads it).
+#   every launch in kernels-FORMAT[-lm].csv (tools/kernel_steps.py reads it).
 #   decode-fusion: batch-1 decode at 4K with the
 #   mixers' small ops fused (default: lightning q/k norms in the GLA launch, sparse output gate in the attention
 #   stores) and as their own launches (SALA_CUDA_MIXER_FUSION=0), per format; SALA_FUSION_RUNS="FORMAT[+lm]:0|1 ...".
@@ -247,7 +247,7 @@ if want kernel-timeline; then
       fmt=${q%+lm} lm=()
       [ "$fmt" != "$q" ] && lm=(--quant-lm-head)
       run "timeline-$q" "$OUT/kernel_timeline.log" timeout 200 "$SALA" bench --random 9b --backend cuda --quant "$fmt" \
-        "${lm[@]}" --contexts 4k --batches 1 --decode-steps 32 --kernel-trace --kernel-trace-csv "$OUT/kernels-$q.csv"
+        "${lm[@]}" --contexts 4k --batches 1 --decode-steps 32 --kernel-trace --kernel-trace-csv "$OUT/kernels-${q/+/-}.csv"
       if [ "$LAST_RC" -eq 0 ]; then
         note "timeline-$q" ok "$LAST_DT" "$(grep '^kernel timeline' "$OUT/kernel_timeline.log" | tail -1 | grep -o 'device [0-9.]* us/step')"
       else note "timeline-$q" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
