@@ -137,39 +137,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_kernel(SparseArgs a)
       const uint32_t ktile = sbase + (t & 1) * 2 * kTile, vtile = ktile + kTile;
       float sc[4][4];
       qk_tile<D>(sc, qf, ktile, lane);
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int j = k0 + 8 * nt + 2 * t4 + e;
-            const float x = (j < kend && j <= prow[hr]) ? sc[nt][2 * hr + e] * sl2 : -INFINITY;
-            sc[nt][2 * hr + e] = x;
-            mx = fmaxf(mx, x);
-          }
-        mx = quad_max(mx);
-        const float mn = fmaxf(m[hr], mx);
-        const float mu = mn == -INFINITY ? 0.f : mn;
-        const float alpha = exp2f(m[hr] - mu);
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float p = exp2f(sc[nt][2 * hr + e] - mu);
-            sc[nt][2 * hr + e] = p;
-            sum += p;
-          }
-        l[hr] = l[hr] * alpha + sum;
-        m[hr] = mn;
-#pragma unroll
-        for (int nd = 0; nd < D / 8; ++nd) {
-          o[nd][2 * hr] *= alpha;
-          o[nd][2 * hr + 1] *= alpha;
-        }
-      }
+      softmax_tile<D>(sc, m, l, o, k0, kend, prow, sl2, t4);
       pv_tile<D>(o, sc, vtile, lane);
     }
     __syncwarp();
@@ -342,39 +310,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_dense_kernel(SparseArgs
       const uint32_t ktile = sbase + (t & 1) * 2 * kTile, vtile = ktile + kTile;
       float sc[4][4];
       qk_tile<D>(sc, qf, ktile, lane);
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int j = k0 + 8 * nt + 2 * t4 + e;
-            const float x = (j < kend && j <= prow[hr]) ? sc[nt][2 * hr + e] * sl2 : -INFINITY;
-            sc[nt][2 * hr + e] = x;
-            mx = fmaxf(mx, x);
-          }
-        mx = quad_max(mx);
-        const float mn = fmaxf(m[hr], mx);
-        const float mu = mn == -INFINITY ? 0.f : mn;
-        const float alpha = exp2f(m[hr] - mu);
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float p = exp2f(sc[nt][2 * hr + e] - mu);
-            sc[nt][2 * hr + e] = p;
-            sum += p;
-          }
-        l[hr] = l[hr] * alpha + sum;
-        m[hr] = mn;
-#pragma unroll
-        for (int nd = 0; nd < D / 8; ++nd) {
-          o[nd][2 * hr] *= alpha;
-          o[nd][2 * hr + 1] *= alpha;
-        }
-      }
+      softmax_tile<D>(sc, m, l, o, k0, kend, prow, sl2, t4);
       pv_tile<D>(o, sc, vtile, lane);
     }
     __syncthreads();

@@ -120,6 +120,48 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// One 32-key tile of a warp's online softmax (log2 domain) over its 16 rows: the scores of qk_tile
+// scaled by sl2, keys ≥ kend or after a row's position (prow; -1: no row) masked, the running max
+// m, sum l and output o rescaled to the new max; sc is left holding the tile's probabilities for
+// pv_tile. Keys k0 + 8·nt + 2·t4 + e of lane quad t4, rows g and g + 8 (hr = 0, 1).
+template <int D>
+__device__ __forceinline__ void softmax_tile(float sc[4][4], float m[2], float l[2], float o[D / 8][4], int k0,
+                                             int kend, const int prow[2], float sl2, int t4) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = k0 + 8 * nt + 2 * t4 + e;
+        const float x = (j < kend && j <= prow[hr]) ? sc[nt][2 * hr + e] * sl2 : -INFINITY;
+        sc[nt][2 * hr + e] = x;
+        mx = fmaxf(mx, x);
+      }
+    mx = quad_max(mx);
+    const float mn = fmaxf(m[hr], mx);
+    const float mu = mn == -INFINITY ? 0.f : mn;
+    const float alpha = exp2f(m[hr] - mu);
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = exp2f(sc[nt][2 * hr + e] - mu);
+        sc[nt][2 * hr + e] = p;
+        sum += p;
+      }
+    l[hr] = l[hr] * alpha + sum;
+    m[hr] = mn;
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd) {
+      o[nd][2 * hr] *= alpha;
+      o[nd][2 * hr + 1] *= alpha;
+    }
+  }
+}
+
 // Row index (within the pool of one level) of compressed chunk c of a sequence: the chunk lives in
 // the page holding its first token (same layout as the CPU backend).
 __device__ __forceinline__ int64_t chunk_row(const PoolGeom& g, int layer, const int32_t* pages, int64_t c, int stride,
