@@ -16,20 +16,14 @@
 #include "model/loader.h"
 #include "model/presets.h"
 #include "model/random_checkpoint.h"
+#include "test_helpers.h"
 
 using namespace sala;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path tiny_checkpoint() {
-  static fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("sala_sched_test_" + std::to_string(::getpid()));
-    write_random_checkpoint(d, preset_config("tiny"), {.seed = 5, .dtype = DType::F32});
-    return d;
-  }();
-  return dir;
-}
+fs::path tiny_checkpoint() { return test::tiny_checkpoint("sched_test", 5); }
 
 std::vector<int32_t> random_tokens(int n, uint32_t seed) {
   std::mt19937 rng(seed);

@@ -21,37 +21,17 @@
 #include "model/loader.h"
 #include "model/presets.h"
 #include "model/random_checkpoint.h"
+#include "test_helpers.h"
 
 using namespace sala;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path tiny_checkpoint() {
-  static fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("sala_spec_test_" + std::to_string(::getpid()));
-    write_random_checkpoint(d, preset_config("tiny"), {.seed = 11, .dtype = DType::F32});
-    return d;
-  }();
-  return dir;
-}
+fs::path tiny_checkpoint() { return test::tiny_checkpoint("spec_test", 11); }
 
-std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(5, vocab - 1);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = d(rng);
-  return t;
-}
-
-double rel_err(std::span<const float> a, std::span<const float> b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += double(a[i] - b[i]) * (a[i] - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+using test::random_tokens;
+using test::rel_err;
 
 struct Fixture {
   CpuBackend backend{2, /*batch_invariant=*/true};
