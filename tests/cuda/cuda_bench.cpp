@@ -23,6 +23,7 @@ using namespace sala;
 namespace sala::cuda {
 void set_qgemv_tuning(int nt_variant, bool trigger);  // quant_gemv.cu (tests and benchmarks)
 void set_qgemv_small_variant(int v);
+void run_sync_latency_bench();  // sync_latency.cu
 }
 
 namespace {
@@ -135,6 +136,12 @@ int run_bench(int argc, char** argv) {
   // SALA_BENCH_ONLY=long-decode[-1m] runs only the ceilings and the long-context sparse decode (profiling).
   const char* only_env = std::getenv("SALA_BENCH_ONLY");
   const bool all_sections = !only_env || !*only_env;
+
+  // SALA_BENCH_ONLY=sync-latency: the cost of one dependent step with no work in it (sync_latency.cu).
+  if (!all_sections && std::strcmp(only_env, "sync-latency") == 0) {
+    sala::cuda::run_sync_latency_bench();
+    return 0;
+  }
 
   // SALA_BENCH_ONLY=gemv-profile: three untimed calls of each decode product of interest (bf16
   // 4096x4096 and 16384x4096, packed fp8/int8/int4 16384x4096, N = 1), for a profiler.
