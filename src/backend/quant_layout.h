@@ -156,7 +156,8 @@ inline void random_params(int fmt, float std, float* scale, float* bias) {
   }
   const double L = fmt == kQ4 ? 16 : 256;
   *scale = float(std * std::sqrt(12.0 / (L * L - 1)));
-  *bias = float(-*scale * (L - 1) / 2);
+  // Q8 as `sala quantize --format int8` writes it (symmetric: codes q + 128, bias −128·s); Q4 affine.
+  *bias = fmt == kQ8 ? -128.f * *scale : float(-*scale * (L - 1) / 2);
 }
 
 }  // namespace sala::qlayout

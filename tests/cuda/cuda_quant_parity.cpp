@@ -439,6 +439,30 @@ void test_qgemv_prefetch(CpuBackend& cpu, CudaBackend& gpu) {
   }
 }
 
+// Symmetric int8 (every bias −128·scale, as `sala quantize --format int8` writes it) takes the XH
+// GEMV's decode of q − 128 without the Σx term (quant_gemv.cu kQ8S); the same codes with biases
+// half a step off (−127.5·scale) keep the general Q8 decode. Both at N = 1 against the CPU, on the
+// one- and two-row-block shapes (≤ / > 8192 rows) and 16384 columns.
+void test_q8_symmetric(CpuBackend& cpu, CudaBackend& gpu) {
+  struct Shape {
+    int64_t out, in;
+  };
+  for (const Shape& sh : {Shape{4096, 4096}, Shape{8704, 4096}, Shape{1000, 16384}})
+    for (bool sym : {true, false}) {
+      PackedMatrix pm = random_packed(WeightFormat::Q8, sh.out, sh.in, sh.in, 501 + uint64_t(sh.out));
+      if (!sym)
+        for (size_t i = 0; i < pm.biases.size(); ++i) pm.biases[i] = -127.5f * pm.scales[i];
+      const Weight wc = cpu.load_quantized_weight(pm.view(), "int8"), wg = gpu.load_quantized_weight(pm.view(), "int8");
+      const auto x = randn(size_t(sh.in), 502);
+      const double e = rel_err(run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32),
+                               run_matmul(cpu, wc, x, 1, DType::F32, DType::F32));
+      check(wg.q8_symmetric == sym && e < 2e-5,
+            strf("int8 GEMV N=1, %s, %lldx%lld", sym ? "symmetric (q - 128, no sum of x)" : "biases off by half a step",
+                 (long long)sh.out, (long long)sh.in),
+            strf("rel %.2e; detected %s", e, wg.q8_symmetric ? "symmetric" : "general"));
+    }
+}
+
 // matmul_silu_mul (the MLP's gate/up with silu·mul; CUDA: fused into the packed GEMV at ≤ 8 rows)
 // against the CPU (bf16 tolerance) and against the same backend's unfused grouped GEMV + silu_mul
 // (Backend::matmul_silu_mul): bit for bit where both take the same two-row-block launch shape —
@@ -794,6 +818,7 @@ void test_quant_parity(int& pass, int& fail) {
     test_qgemm(cpu, gpu);
     test_matmul_group(cpu, gpu);
     test_qgemv_prefetch(cpu, gpu);
+    test_q8_symmetric(cpu, gpu);
     test_matmul_silu_mul(cpu, gpu);
     test_fp8_prefill(cpu, gpu);
     test_int8_prefill(cpu, gpu);

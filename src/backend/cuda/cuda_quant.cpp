@@ -68,7 +68,7 @@ void check_packable(WeightFormat f, int64_t rows, int64_t cols, int64_t group, c
 }  // namespace
 
 cuda::QWeight CudaBackend::qweight(const Weight& w) {
-  return {int(w.format), w.w.data, static_cast<const float*>(w.scales), w.out(), w.in(), w.group};
+  return {int(w.format), w.w.data, static_cast<const float*>(w.scales), w.out(), w.in(), w.group, int(w.q8_symmetric)};
 }
 
 Weight CudaBackend::alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group) {
@@ -101,6 +101,9 @@ Weight CudaBackend::load_quantized_weight(const QuantMatrixView& q, const std::s
   qlayout::tile_params(geo, q.scales.data(), q.biases.empty() ? nullptr : q.biases.data(), params.data());
   SALA_CUDA_CHECK(cudaMemcpyAsync(w.scales, params.data(), params.size() * 4, cudaMemcpyHostToDevice, stream_));
   SALA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // staging and params are freed on return
+  w.q8_symmetric = q.format == WeightFormat::Q8 && q.group == q.cols && q.biases.size() == q.scales.size() &&
+                   std::equal(q.biases.begin(), q.biases.end(), q.scales.begin(),
+                              [](float b, float s) { return b == -128.f * s; });
   return w;
 }
 
@@ -114,6 +117,7 @@ Weight CudaBackend::random_quantized_weight(WeightFormat format, int64_t rows, i
   Weight w = alloc_packed(int(format), rows, cols, group);
   float s, b;
   qlayout::random_params(int(format), std, &s, &b);
+  w.q8_symmetric = format == WeightFormat::Q8 && group == cols && b == -128.f * s;  // each row scales both by f
   cuda::launch_qrandom(qweight(w), w.w.data, static_cast<float*>(w.scales), s, b, seed, stream_);
   SALA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return w;

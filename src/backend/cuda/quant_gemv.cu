@@ -66,6 +66,11 @@ namespace {
 
 using namespace qlayout;
 
+// Decode mode of symmetric int8 (QWeight::sym: every bias −128·scale) in the XH GEMV: the codes
+// q + 128 decode to q (f16 1024 + c minus 1152, exact) and y = s·Σ q·x, so the Σx mma and the bias
+// terms go. Not a storage format: the weight is kQ8.
+constexpr int kQ8S = 4;
+
 int g_nt_variant = 0;
 int g_small_variant = 0;
 bool g_trigger = true;
@@ -167,10 +172,11 @@ template <int FMT>
 __device__ __forceinline__ void decode_a_f16(const uint4& c, int j, uint32_t a[4]) {
   static_assert(FMT != kQ4, "decode_a_f16: FP8 and Q8 only");
   const uint32_t wg = word_of(c, 2 * j), wg8 = word_of(c, 2 * j + 1);
-  if constexpr (FMT == kQ8) {
+  if constexpr (FMT == kQ8 || FMT == kQ8S) {
     auto q8x2 = [](uint32_t word, uint32_t sel) {
+      constexpr uint32_t kOffset = FMT == kQ8S ? 0x64806480u : 0x64006400u;  // 1152 (c − 128) or 1024 (c)
       uint32_t h = __byte_perm(word, 0x64646464u, sel), r;
-      asm("sub.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(h), "r"(0x64006400u));
+      asm("sub.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(h), "r"(kOffset));
       return r;
     };
     a[0] = q8x2(wg, 0x4140u), a[1] = q8x2(wg8, 0x4140u), a[2] = q8x2(wg, 0x4342u), a[3] = q8x2(wg8, 0x4342u);
@@ -235,7 +241,7 @@ __device__ __forceinline__ void flush_group(float (&cf)[NT][4], float (&cq)[NT][
     c[1] = fmaf(s0, cq[nt][1], c[1]);
     c[2] = fmaf(s1, cq[nt][2], c[2]);
     c[3] = fmaf(s1, cq[nt][3], c[3]);
-    if constexpr (FMT != kFP8) {  // FP8 has no bias
+    if constexpr (FMT != kFP8 && FMT != kQ8S) {  // FP8 has no bias; symmetric int8 decodes it away
       c[0] = fmaf(b0, cx[nt][0], c[0]);
       c[1] = fmaf(b0, cx[nt][1], c[1]);
       c[2] = fmaf(b1, cx[nt][2], c[2]);
@@ -281,7 +287,8 @@ template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, b
 __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const bf16* __restrict__ x, int ldx,
                                                         int N, int y_f32, int trigger) {
   constexpr int KT = tile_k(FMT), MT = KT / 16;
-  constexpr bool kBias = FMT != kFP8;
+  constexpr bool kBias = FMT != kFP8 && FMT != kQ8S;
+  static_assert(FMT != kQ8S || XH, "qgemv: symmetric int8 decode with x staged only");
   static_assert(!XH || (NT == 1 && FMT != kQ4), "qgemv XH: one n-tile, FP8 or Q8");
   static_assert(!(SP && (PR || LP)), "qgemv SP: grouped formats, instead of LP");
   static_assert(!ACT || R == 2, "qgemv ACT: gate and up row blocks");
@@ -904,6 +911,11 @@ bool params_in_smem() {
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
           bool XH = false, bool SP = false, bool ACT = false, bool PA = false>
 void qgemv_cfg(const QArgs& a) {
+  if constexpr (FMT == kQ8 && XH) {  // symmetric int8: the decode without Σx (kQ8S) when every part is
+    bool sym = true;
+    for (int i = 0; i < a.set.count; ++i) sym = sym && a.set.part[i].w.sym;
+    if (sym) return qgemv_cfg<kQ8S, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT, PA>(a);
+  }
   const size_t param_smem = SP ? size_t(R) * size_t(a.set.part[0].w.in / a.set.part[0].w.group) * 128 : 0;
   const size_t ktiles = size_t((a.set.part[0].w.in + tile_k(FMT) - 1) / tile_k(FMT));
   const size_t pa_bytes = PA ? size_t(R) * ktiles * 512 : 0;
