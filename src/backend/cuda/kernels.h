@@ -128,7 +128,7 @@ struct QWeight {
   const void* codes;    // tile layout
   const float* params;  // float4 tiles {s, b, s, b}
   int64_t out, in, group;  // group == in: one scale per row
-  int sym = 0;  // Q8 with every bias = −128·scale (symmetric int8): the N = 1 GEMV decodes q − 128, no Σx
+  int sym = 0;  // Q8 per row, every bias −128·scale (symmetric int8): the GEMV decodes q − 128, no Σx
 };
 // y[n, o] = Σ_i x[n, i] · W[o, i] for n < N ≤ 8, decoding the tiles in registers (bf16 mma,
 // fp32 accumulation, scales and biases applied in fp32 per group). x bf16, 8-byte aligned rows

@@ -66,9 +66,10 @@ namespace {
 
 using namespace qlayout;
 
-// Decode mode of symmetric int8 (QWeight::sym: every bias −128·scale) in the XH GEMV: the codes
-// q + 128 decode to q (f16 1024 + c minus 1152, exact) and y = s·Σ q·x, so the Σx mma and the bias
-// terms go. Not a storage format: the weight is kQ8.
+// Decode mode of symmetric int8 (QWeight::sym: every bias −128·scale) in the per-row GEMV: the codes
+// q + 128 decode to q (f16 1024 + c minus 1152 with x staged, f32 2²³ + c minus 2²³ + 128
+// otherwise: exact) and y = s·Σ q·x, so the Σx mma and the bias terms go. Not a storage format:
+// the weight is kQ8.
 constexpr int kQ8S = 4;
 
 int g_nt_variant = 0;
@@ -122,12 +123,16 @@ __device__ __forceinline__ void decode_a(const uint4& c, int j, uint32_t a[4]) {
     const uint32_t w = word_of(c, j);
 #pragma unroll
     for (int p = 0; p < 4; ++p) a[p] = nibbles_or(w >> (4 * p), 0x43004300u);  // = q4_bf16x2(w, p)
-  } else if constexpr (FMT == kQ8) {
+  } else if constexpr (FMT == kQ8 || FMT == kQ8S) {
     const uint32_t wg = word_of(c, 2 * j), wg8 = word_of(c, 2 * j + 1);
-    a[0] = pack_exact_bf16x2(q8_f32(wg, 0), q8_f32(wg, 1));
-    a[1] = pack_exact_bf16x2(q8_f32(wg8, 0), q8_f32(wg8, 1));
-    a[2] = pack_exact_bf16x2(q8_f32(wg, 2), q8_f32(wg, 3));
-    a[3] = pack_exact_bf16x2(q8_f32(wg8, 2), q8_f32(wg8, 3));
+    auto q = [](uint32_t word, int i) {  // q8_f32, less 128 for kQ8S
+      constexpr float kOffset = FMT == kQ8S ? 8388736.f : 8388608.f;
+      return __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | unsigned(i))) - kOffset;
+    };
+    a[0] = pack_exact_bf16x2(q(wg, 0), q(wg, 1));
+    a[1] = pack_exact_bf16x2(q(wg8, 0), q(wg8, 1));
+    a[2] = pack_exact_bf16x2(q(wg, 2), q(wg, 3));
+    a[3] = pack_exact_bf16x2(q(wg8, 2), q(wg8, 3));
   } else {
     const uint32_t wg = word_of(c, 2 * j), wg8 = word_of(c, 2 * j + 1);
     a[0] = fp8x2_bf16x2(wg, 0);
@@ -288,7 +293,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
                                                         int N, int y_f32, int trigger) {
   constexpr int KT = tile_k(FMT), MT = KT / 16;
   constexpr bool kBias = FMT != kFP8 && FMT != kQ8S;
-  static_assert(FMT != kQ8S || XH, "qgemv: symmetric int8 decode with x staged only");
+  static_assert(FMT != kQ8S || PR, "qgemv: symmetric int8 decode of per-row weights only");
   static_assert(!XH || (NT == 1 && FMT != kQ4), "qgemv XH: one n-tile, FP8 or Q8");
   static_assert(!(SP && (PR || LP)), "qgemv SP: grouped formats, instead of LP");
   static_assert(!ACT || R == 2, "qgemv ACT: gate and up row blocks");
@@ -911,7 +916,7 @@ bool params_in_smem() {
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
           bool XH = false, bool SP = false, bool ACT = false, bool PA = false>
 void qgemv_cfg(const QArgs& a) {
-  if constexpr (FMT == kQ8 && XH) {  // symmetric int8: the decode without Σx (kQ8S) when every part is
+  if constexpr (FMT == kQ8 && PR) {  // symmetric int8: the decode without Σx (kQ8S) when every part is
     bool sym = true;
     for (int i = 0; i < a.set.count; ++i) sym = sym && a.set.part[i].w.sym;
     if (sym) return qgemv_cfg<kQ8S, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT, PA>(a);
