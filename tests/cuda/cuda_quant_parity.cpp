@@ -442,8 +442,8 @@ void test_qgemv_prefetch(CpuBackend& cpu, CudaBackend& gpu) {
 // Symmetric int8 (every bias −128·scale, as `sala quantize --format int8` writes it) takes the
 // GEMV's decode of q − 128 without the Σx term (quant_gemv.cu kQ8S); the same codes with biases
 // half a step off (−127.5·scale) keep the general Q8 decode. Both against the CPU at N = 1 (x
-// staged as f16), 3 and 8 (bf16 fragments), on the one- and two-row-block shapes (≤ / > 8192
-// rows) and 16384 columns.
+// staged as f16), 3 and 8 (bf16 fragments), 16 and 32 (the batched kernel, columns split where
+// rows are few), on the one- and two-row-block shapes (≤ / > 8192 rows) and 16384 columns.
 void test_q8_symmetric(CpuBackend& cpu, CudaBackend& gpu) {
   struct Shape {
     int64_t out, in;
@@ -454,7 +454,7 @@ void test_q8_symmetric(CpuBackend& cpu, CudaBackend& gpu) {
       if (!sym)
         for (size_t i = 0; i < pm.biases.size(); ++i) pm.biases[i] = -127.5f * pm.scales[i];
       const Weight wc = cpu.load_quantized_weight(pm.view(), "int8"), wg = gpu.load_quantized_weight(pm.view(), "int8");
-      for (int64_t n : {1, 3, 8}) {
+      for (int64_t n : {1, 3, 8, 16, 32}) {
         const auto x = randn(size_t(n * sh.in), 502 + uint64_t(n));
         const double e = rel_err(run_matmul(gpu, wg, x, n, DType::BF16, DType::F32),
                                  run_matmul(cpu, wc, x, n, DType::F32, DType::F32));

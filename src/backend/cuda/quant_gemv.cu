@@ -66,10 +66,10 @@ namespace {
 
 using namespace qlayout;
 
-// Decode mode of symmetric int8 (QWeight::sym: every bias −128·scale) in the per-row GEMV: the codes
-// q + 128 decode to q (f16 1024 + c minus 1152 with x staged, f32 2²³ + c minus 2²³ + 128
-// otherwise: exact) and y = s·Σ q·x, so the Σx mma and the bias terms go. Not a storage format:
-// the weight is kQ8.
+// Decode mode of symmetric int8 (QWeight::sym: every bias −128·scale) in the per-row GEMVs (≤ 8
+// rows and the batched 9–32-row kernel): the codes q + 128 decode to q (f16 1024 + c minus 1152
+// with x staged, f32 2²³ + c minus 2²³ + 128 otherwise: exact) and y = s·Σ q·x, so the Σx mma and
+// the bias terms go. Not a storage format: the weight is kQ8.
 constexpr int kQ8S = 4;
 
 int g_nt_variant = 0;
@@ -545,7 +545,7 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
                                                                       float* __restrict__ split_ws) {
   constexpr int KT = tile_k(FMT), MT = KT / 16, KS = kBatchWarps / RB, KC = kBatchTiles * KS * KT;
   constexpr int XS = KC + 16;  // x row stride in 16-bit values: +32 bytes keeps the 8 rows a warp reads on distinct banks
-  constexpr bool XH = FMT != kQ4, kBias = FMT != kFP8;
+  constexpr bool XH = FMT != kQ4, kBias = FMT != kFP8 && FMT != kQ8S;
   extern __shared__ uint4 dyn_smem[];
   uint16_t* xs = reinterpret_cast<uint16_t*>(dyn_smem);  // [2][NT·8][XS]; after the loop: red[KS][RB·16][NT·8]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -895,6 +895,13 @@ struct QArgs {
   size_t split_ws_floats = 0;
 };
 
+// Whether every part of a launch is symmetric int8 (QWeight::sym): then it decodes as kQ8S.
+bool symmetric_q8(const QGemvSet& set) {
+  for (int i = 0; i < set.count; ++i)
+    if (!set.part[i].w.sym) return false;
+  return true;
+}
+
 // Shared memory per CTA without an opt-in attribute.
 constexpr size_t kStaticSmemLimit = 48 << 10;
 // PA: the largest code block a CTA copies whole before its dependency wait (two CTAs per SM).
@@ -916,10 +923,8 @@ bool params_in_smem() {
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
           bool XH = false, bool SP = false, bool ACT = false, bool PA = false>
 void qgemv_cfg(const QArgs& a) {
-  if constexpr (FMT == kQ8 && PR) {  // symmetric int8: the decode without Σx (kQ8S) when every part is
-    bool sym = true;
-    for (int i = 0; i < a.set.count; ++i) sym = sym && a.set.part[i].w.sym;
-    if (sym) return qgemv_cfg<kQ8S, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT, PA>(a);
+  if constexpr (FMT == kQ8 && PR) {  // symmetric int8: the decode without Σx (kQ8S)
+    if (symmetric_q8(a.set)) return qgemv_cfg<kQ8S, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT, PA>(a);
   }
   const size_t param_smem = SP ? size_t(R) * size_t(a.set.part[0].w.in / a.set.part[0].w.group) * 128 : 0;
   const size_t ktiles = size_t((a.set.part[0].w.in + tile_k(FMT) - 1) / tile_k(FMT));
@@ -1073,6 +1078,9 @@ void qgemv_act(const QArgs& a) {
 // in a multiple of its chunk. Row blocks per CTA: about two CTAs per SM for the launch's rows.
 template <int FMT, int NT, int RB, bool PR>
 void qgemv_batch_cfg(const QArgs& a, int splits = 1) {
+  if constexpr (FMT == kQ8 && PR) {  // symmetric int8 (as qgemv_cfg)
+    if (symmetric_q8(a.set)) return qgemv_batch_cfg<kQ8S, NT, RB, PR>(a, splits);
+  }
   constexpr int KS = kBatchWarps / RB, KC = kBatchTiles * KS * tile_k(FMT);
   const size_t smem = std::max(size_t(2) * NT * 8 * (KC + 16) * 2, size_t(KS) * RB * 16 * NT * 8 * 4);
   static const bool attr = [smem] {  // once per instantiation: shared memory beyond 48 KB
