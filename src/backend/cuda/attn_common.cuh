@@ -120,6 +120,24 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// Row hr (rows g, g + 8: hr = 0, 1) of a 16 × 32 score tile scaled by sl2 in place, −∞ where
+// keep(c) is false (c = 8·nt + 2·t4 + e: the key's column in the tile); returns the row's max over
+// the 4 lanes of its quad.
+template <class Keep>
+__device__ __forceinline__ float scaled_row_max(float (*sc)[4], int hr, float sl2, int t4, Keep keep) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int c = 8 * nt + 2 * t4 + e;
+      const float x = keep(c) ? sc[nt][2 * hr + e] * sl2 : -INFINITY;
+      sc[nt][2 * hr + e] = x;
+      mx = fmaxf(mx, x);
+    }
+  return quad_max(mx);
+}
+
 // One 32-key tile of a warp's online softmax (log2 domain) over its 16 rows: the scores of qk_tile
 // scaled by sl2, keys ≥ kend or after a row's position (prow; -1: no row) masked, the running max
 // m, sum l and output o rescaled to the new max; sc is left holding the tile's probabilities for
@@ -129,17 +147,7 @@ __device__ __forceinline__ void softmax_tile(float sc[4][4], float m[2], float l
                                              int kend, const int prow[2], float sl2, int t4) {
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int j = k0 + 8 * nt + 2 * t4 + e;
-        const float x = (j < kend && j <= prow[hr]) ? sc[nt][2 * hr + e] * sl2 : -INFINITY;
-        sc[nt][2 * hr + e] = x;
-        mx = fmaxf(mx, x);
-      }
-    mx = quad_max(mx);
+    const float mx = scaled_row_max(sc, hr, sl2, t4, [&](int c) { return k0 + c < kend && k0 + c <= prow[hr]; });
     const float mn = fmaxf(m[hr], mx);
     const float mu = mn == -INFINITY ? 0.f : mn;
     const float alpha = exp2f(m[hr] - mu);

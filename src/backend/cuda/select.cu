@@ -122,17 +122,7 @@ __device__ __forceinline__ void token_scores(float (&sc)[4][4], const TokenGroup
 __device__ __forceinline__ void lse_update(float (&sc)[4][4], int nv, float sl2, int t4, float (&m)[2], float (&l)[2]) {
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = 8 * nt + 2 * t4 + e;
-        const float x = col < nv ? sc[nt][2 * hr + e] * sl2 : -INFINITY;
-        sc[nt][2 * hr + e] = x;
-        mx = fmaxf(mx, x);
-      }
-    mx = quad_max(mx);
+    const float mx = scaled_row_max(sc, hr, sl2, t4, [nv](int c) { return c < nv; });
     const float mn = fmaxf(m[hr], mx);
     float sum = 0.f;
 #pragma unroll
