@@ -24,6 +24,7 @@ namespace sala::cuda {
 void set_qgemv_tuning(int nt_variant, bool trigger);  // quant_gemv.cu (tests and benchmarks)
 void set_qgemv_small_variant(int v);
 void run_sync_latency_bench();  // sync_latency.cu
+void launch_read_tiles(const void* buf, int64_t bytes, int ctas, int stages, uint32_t* sink, cudaStream_t st);  // read_rate.cu
 }
 
 namespace {
@@ -142,6 +143,72 @@ int run_bench(int argc, char** argv) {
   const bool sync_only = !all_sections && std::strcmp(only_env, "sync-latency") == 0;
   if (all_sections || sync_only) sala::cuda::run_sync_latency_bench();
   if (sync_only) return 0;
+
+  // SALA_BENCH_ONLY=read-rate: the decode products' bytes streamed by loads alone, by schedule
+  // (read_rate.cu), beside the products themselves on the same bytes (fp8 and bf16), rotating over
+  // copies that L2 cannot hold. One wave = 4 CTAs of 8 warps per SM.
+  if (!all_sections && std::strcmp(only_env, "read-rate") == 0) {
+    const int sms = be.props().multiProcessorCount;
+    auto sink = be.alloc(64);
+    auto rate = [](int64_t bytes, double us) { return double(bytes) / (us * 1e-6) / 1e9; };
+    for (int64_t mib : {128, 64, 16}) {
+      const int64_t bytes = mib << 20;
+      const int copies = int(std::max<int64_t>(2, 512 / mib));
+      std::vector<std::unique_ptr<Buffer>> bufs;
+      for (int c = 0; c < copies; ++c) {
+        bufs.push_back(be.alloc(size_t(bytes)));
+        cudaMemsetAsync(bufs.back()->data(), c + 1, size_t(bytes), be.stream());
+      }
+      struct S {
+        const char* name;
+        int ctas, stages;
+      };
+      const int64_t tiles = bytes / 1024;
+      for (S s : {S{"128 KB per CTA", int(tiles / 128), 2}, S{"128 KB per CTA", int(tiles / 128), 4},
+                  S{"32 KB per CTA", int(tiles / 32), 2}, S{"one wave, equal shares", 4 * sms, 2},
+                  S{"one wave, equal shares", 4 * sms, 4}, S{"half a wave, equal shares", 2 * sms, 4}}) {
+        const double us = time_us(be, 20, [&](int i) {
+          sala::cuda::launch_read_tiles(bufs[size_t(i % copies)]->data(), bytes, s.ctas, s.stages,
+                                        static_cast<uint32_t*>(sink->data()), be.stream());
+        });
+        std::printf("read %4lld MiB, %-26s %5d CTAs, %d stages: %8.2f us %7.1f GB/s\n", (long long)mib, s.name,
+                    s.ctas, s.stages, us, rate(bytes, us));
+      }
+    }
+    // The products (N = 1) on the same bytes: fp8 gate/up + silu·mul (2 × 16384×4096), fp8 and bf16
+    // 16384×4096 (q/k/v/z) and 4096×16384 (down), bf16 gate/up as one 32768×4096.
+    auto xb = be.alloc(16384 * 2);
+    auto xh = host_rand(16384, 1.f, 5);
+    struct P {
+      const char* name;
+      bool fp8, act;
+      int64_t out, in;
+    };
+    for (P p : {P{"fp8 gate/up + silu*mul", true, true, 16384, 4096}, P{"fp8 32768x4096", true, false, 32768, 4096},
+                P{"fp8 16384x4096", true, false, 16384, 4096}, P{"fp8 4096x16384", true, false, 4096, 16384},
+                P{"bf16 32768x4096", false, false, 32768, 4096}, P{"bf16 16384x4096", false, false, 16384, 4096},
+                P{"bf16 4096x16384", false, false, 4096, 16384}}) {
+      const int parts = p.act ? 2 : 1;
+      const int64_t wbytes = p.out * p.in * (p.fp8 ? 1 : 2) * parts;
+      const int copies = int(std::max<int64_t>(2, (int64_t(512) << 20) / wbytes));
+      std::vector<Weight> ws;
+      for (int c = 0; c < copies * parts; ++c)
+        ws.push_back(p.fp8 ? be.random_quantized_weight(WeightFormat::FP8, p.out, p.in, p.in, 0.02f, 11 + c)
+                           : be.random_weight(p.out, p.in, 0.f, 0.02f, 11 + c));
+      Mat x = xb->mat(DType::BF16, 1, p.in);
+      be.upload(x, xh.data());
+      auto gb = be.alloc(size_t(p.out) * 2), ub = be.alloc(size_t(p.out) * 2), ab = be.alloc(size_t(p.out) * 2);
+      Mat g = gb->mat(DType::BF16, 1, p.out), u = ub->mat(DType::BF16, 1, p.out), a = ab->mat(DType::BF16, 1, p.out);
+      const double us = time_us(be, 20, [&](int i) {
+        const size_t k = size_t(i % copies) * size_t(parts);
+        if (p.act) be.matmul_silu_mul(x, ws[k], ws[k + 1], g, u, a);
+        else be.matmul(x, ws[k], g);
+      });
+      std::printf("product %-26s %8.2f us %7.1f GB/s (%lld MiB)\n", p.name, us, rate(wbytes, us),
+                  (long long)(wbytes >> 20));
+    }
+    return 0;
+  }
 
   // SALA_BENCH_ONLY=gemv-profile: three untimed calls of each decode product of interest (bf16
   // 4096x4096 and 16384x4096, packed fp8/int8/int4 16384x4096, N = 1), for a profiler.
