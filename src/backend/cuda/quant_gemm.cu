@@ -155,30 +155,15 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// cp.async writes through the generic proxy; wgmma reads shared memory through the async proxy.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// mbarriers (kPipelined): a stage's "full" barrier completes when every thread's cp.async copies of
-// it have landed, its "empty" barrier when every warp's wgmmas on it are done.
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
+// mbarriers (kPipelined; mbar_init, mbar_wait: quant_decode.cuh): a stage's "full" barrier completes
+// when every thread's cp.async copies of it have landed, its "empty" barrier when every warp's
+// wgmmas on it are done.
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
 }
 // Arrives once this thread's earlier cp.async copies have completed (counted in the init count).
 __device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-// Waits for the completion of the barrier's phase of this parity.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred P1;\nLAB_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-      "@P1 bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
 }
 
 // Keeps the compiler from moving accumulator accesses across the asynchronous wgmmas.
@@ -468,21 +453,12 @@ constexpr int ws_smem_bytes(int fmt, int bn) {
 static_assert(ws_smem_bytes(kFP8, 256) <= 227 * 1024, "the 256-token ring must fit an SM's shared memory");
 
 #ifdef SALA_QGEMM_WGMMA
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
 // TMA: a 2-D box of x (64 k × BN tokens) into shared memory; its bytes complete the barrier's transaction.
 __device__ __forceinline__ void tma_load_x(uint32_t dst, const CUtensorMap* map, int k, int n, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
           "r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(n), "r"(bar)
       : "memory");
-}
-// A contiguous bulk copy (16-byte multiples) into shared memory, completing bytes on the barrier.
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
 }
 __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
   uint4 v;

@@ -286,7 +286,10 @@ __device__ __forceinline__ void store_y(const QGemvPart& part, int n, int64_t o,
 // PA: the CTA's whole code block (R row blocks, ≤ 64 KB) is copied into shared memory before the
 // dependency wait, and the stages are read from there: a product that follows a long chain of
 // small kernels (o_proj after the GLA step or the sparse attention) has all its bytes in flight
-// while they run, instead of two stages.
+// while they run, instead of two stages. On sm_90 one bulk copy per row block (the copy engine,
+// one mbarrier) rather than 16-byte cp.async pieces from every thread: H100, 4K batch 1, fp8 +
+// lm_head fp8 3.85 → 3.83 ms/step over seven same-machine pairs, six of them faster
+// (bench/results/2026-11-26-h100-read-rate.md).
 template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
           bool XH = false, bool SP = false, bool ACT = false, bool PA = false>
 __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const bf16* __restrict__ x, int ldx,
@@ -353,10 +356,22 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
                               reinterpret_cast<const uint4*>(params[r] - g), groups * 8);
     cp_async_commit();
   }
+  __shared__ uint64_t pa_bar;  // PA (sm_90): completes when the code block has landed
   if constexpr (PA) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {  // one bulk copy per row block (each contiguous): no per-piece issue
+      const uint32_t bar = smem_addr(&pa_bar);
+      mbar_init(bar, 1);
+      fence_proxy_async();
+      mbar_arrive_expect_tx(bar, uint32_t(R * ktiles * 512));
+#pragma unroll
+      for (int r = 0; r < R; ++r) bulk_load(smem_addr(pa + r * ktiles * 32), codes[r] - lane, uint32_t(ktiles * 512), bar);
+    }
+#else
 #pragma unroll
     for (int r = 0; r < R; ++r) cp_async_pieces<W * 32>(pa + r * ktiles * 32, codes[r] - lane, ktiles * 32);
     cp_async_commit();
+#endif
   } else {
     load(0, cwA, ptA);
     if (stages > 1) load(1, cwB, ptB);
@@ -380,6 +395,9 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   if constexpr (SP || PA) cp_async_wait_all();
   if constexpr (XH || SP) __syncthreads();
   if constexpr (PA) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    mbar_wait(smem_addr(&pa_bar), 0);  // after the barrier above: every thread sees its init
+#endif
     load(0, cwA, ptA);
     if (stages > 1) load(1, cwB, ptB);
   }
