@@ -1,5 +1,6 @@
 // Device helpers of the packed-weight kernels (quant_gemv.cu, quant_gemm.cu): the loads of the
-// tile layout (quant_layout.h) and the exact conversions of its codes.
+// tile layout (quant_layout.h), the exact conversions of its codes, and the mbarriers and bulk
+// copies that bring whole code blocks into shared memory.
 #pragma once
 #include <cuda_fp16.h>
 
