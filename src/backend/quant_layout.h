@@ -115,12 +115,13 @@ SALA_HD inline float bits_to_float(uint32_t u) {
 // significant bits). The kernel removes the 128 with the bias: s·Σx(128+q) + (b − 128·s)·Σx.
 SALA_HD inline uint32_t q4_bf16x2(uint32_t word, int p) { return ((word >> (4 * p)) & 0x000F000Fu) | 0x43004300u; }
 
-// Q8: byte i of a word as an exact f32 (2^23 + q − 2^23).
-SALA_HD inline float q8_f32(uint32_t word, int i) {
+// Q8: byte i of a word, less `zero` (an integer below 2^23: 128 decodes symmetric int8), as an
+// exact f32 (2^23 + q − (2^23 + zero): one subtraction).
+SALA_HD inline float q8_f32(uint32_t word, int i, float zero = 0.f) {
 #if defined(__CUDA_ARCH__)
-  return __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | unsigned(i))) - 8388608.f;
+  return __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | unsigned(i))) - (8388608.f + zero);
 #else
-  return bits_to_float(0x4B000000u | ((word >> (8 * i)) & 0xffu)) - 8388608.f;
+  return bits_to_float(0x4B000000u | ((word >> (8 * i)) & 0xffu)) - (8388608.f + zero);
 #endif
 }
 

@@ -125,10 +125,7 @@ __device__ __forceinline__ void decode_a(const uint4& c, int j, uint32_t a[4]) {
     for (int p = 0; p < 4; ++p) a[p] = nibbles_or(w >> (4 * p), 0x43004300u);  // = q4_bf16x2(w, p)
   } else if constexpr (FMT == kQ8 || FMT == kQ8S) {
     const uint32_t wg = word_of(c, 2 * j), wg8 = word_of(c, 2 * j + 1);
-    auto q = [](uint32_t word, int i) {  // q8_f32, less 128 for kQ8S
-      constexpr float kOffset = FMT == kQ8S ? 8388736.f : 8388608.f;
-      return __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | unsigned(i))) - kOffset;
-    };
+    auto q = [](uint32_t word, int i) { return q8_f32(word, i, FMT == kQ8S ? 128.f : 0.f); };
     a[0] = pack_exact_bf16x2(q(wg, 0), q(wg, 1));
     a[1] = pack_exact_bf16x2(q(wg8, 0), q(wg8, 1));
     a[2] = pack_exact_bf16x2(q(wg, 2), q(wg, 3));
