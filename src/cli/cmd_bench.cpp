@@ -99,6 +99,7 @@ Runner setup(CLI::App& app) {
     int prefill_reps = 1;
     uint64_t seed = 0;
     bool quant_lm_head = false;
+    int quant_group = 64;
     bool kernel_trace = false;
     std::string kernel_trace_csv;
     BackendOptions backend;
@@ -110,10 +111,13 @@ Runner setup(CLI::App& app) {
   app.add_option("MODEL", o->model, "model directory (or use --random)");
   app.add_option("--random", o->random, "random weights of a preset, generated on the backend (tiny, small, 9b)")
       ->check(CLI::IsMember(preset_names()));
-  app.add_option("--quant", o->quant, "with --random: packed projections fp8, int8 (per row) or int4 (group 64), "
+  app.add_option("--quant", o->quant, "with --random: packed projections fp8, int8 (per row) or int4 (--quant-group), "
                                      "as `sala quantize` writes them (docs/quantization.md)")
       ->check(CLI::IsMember({"none", "fp8", "int8", "int4"}));
   app.add_flag("--quant-lm-head", o->quant_lm_head, "with --quant: lm_head packed too (`sala quantize --lm-head`)");
+  app.add_option("--quant-group", o->quant_group, "with --quant int4: columns per scale/bias group (`sala quantize --group`)")
+      ->check(CLI::IsMember({32, 64, 128, 256}))
+      ->capture_default_str();
   app.add_option("--contexts", o->contexts, "batch-1 context lengths, e.g. 1k,4k,128k,1m");
   app.add_option("--batches", o->batches, "batch sizes for batched decode (at --batch-context each)");
   app.add_option("--batch-context", o->batch_context, "context of every sequence in the batched rows (e.g. 4096, 4k)")
@@ -193,8 +197,13 @@ Runner setup(CLI::App& app) {
       RandomQuant quant = parse_random_quant(o->quant);
       SALA_CHECK(!o->quant_lm_head || quant.format != WeightFormat::Dense, "bench: --quant-lm-head needs --quant");
       quant.lm_head = o->quant_lm_head;
+      SALA_CHECK(o->quant_group == 64 || quant.format == WeightFormat::Q4,
+                 "bench: --quant-group {} applies to --quant int4 only (8-bit formats have one scale per row)",
+                 o->quant_group);
+      quant.group = o->quant_group;
       m = random_model(o->random, *backend, limits, o->seed, quant);
       model_name = "random " + o->random + (o->quant == "none" ? "" : " " + o->quant) +
+                   (quant.format == WeightFormat::Q4 ? " g" + std::to_string(quant.group) : "") +
                    (o->quant_lm_head ? " (lm_head too)" : "");
     } else {
       SALA_CHECK(o->quant == "none", "bench: --quant goes with --random (a quantized MODEL says its own format)");
