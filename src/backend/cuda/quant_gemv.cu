@@ -268,8 +268,9 @@ __device__ __forceinline__ void store_y(const QGemvPart& part, int n, int64_t o,
 // parameter registers (they decide whether a shape fits 64 registers without spills).
 // LP: tile-group parameters are loaded when their tile is decoded, not a stage ahead (fewer
 // registers for grouped formats; the load overlaps the tile's decode and mma).
-// TG: every tile lies inside one group (group % tile_k == 0), known at compile time: the sub-tile
-// group path is compiled out.
+// TG: how groups lie in tiles, known at compile time. 1: every tile inside one group (group %
+// tile_k == 0; the sub-tile group path is compiled out); 2: two groups per tile (Q4 group 32:
+// flushes after mma steps 1 and 3, no division per step); 0: any group, found at run time.
 // XH: N = 1, x staged once per CTA into shared memory as f16 (dynamic, in·2 bytes) and the mma
 // in f16 (decode_a_f16): FP8 and Q8 only.
 // SP: grouped formats; the CTA's group parameters (R row blocks × in/group × 128 bytes) are
@@ -287,7 +288,7 @@ __device__ __forceinline__ void store_y(const QGemvPart& part, int n, int64_t o,
 // one mbarrier) rather than 16-byte cp.async pieces from every thread: H100, 4K batch 1, fp8 +
 // lm_head fp8 3.85 → 3.83 ms/step over seven same-machine pairs, six of them faster
 // (bench/results/2026-11-26-h100-read-rate.md).
-template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
+template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, int TG = 0,
           bool XH = false, bool SP = false, bool ACT = false, bool PA = false>
 __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const bf16* __restrict__ x, int ldx,
                                                         int N, int y_f32, int trigger) {
@@ -316,7 +317,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
     params[r] = reinterpret_cast<const float4*>(wr.params) + size_t(rb) * size_t(groups) * 8 + g;
   }
   const bool per_row = PR || G == in;               // one flush at the end
-  const bool tile_group = TG || (!per_row && G % KT == 0);  // every tile inside one group: flush per tile
+  const bool tile_group = TG == 1 || (!per_row && G % KT == 0);  // every tile inside one group: flush per tile
   // Group of tile k: k / (G / KT) — a shift when that is a power of two (no division per tile).
   const uint32_t tpg = tile_group ? uint32_t(G / KT) : 1u, G32 = uint32_t(G);
   const int tpg_shift = (tpg & (tpg - 1)) == 0 ? __ffs(int(tpg)) - 1 : -1;
@@ -461,10 +462,11 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
           for (int nt = 0; nt < NT; ++nt) mma_x<XH>(cq[r][nt], a, xf[nt][j]);
         }
         // Groups smaller than a tile (group % 16 == 0): flush at each group end and tile end.
-        if (!per_row && !tile_group && ((uint32_t(k0) + 16) % G32 == 0 || j == MT - 1)) {
+        const bool group_end = TG == 2 ? (j & 1) == 1 : (uint32_t(k0) + 16) % G32 == 0 || j == MT - 1;
+        if (!per_row && !tile_group && group_end) {
+          const uint32_t gi = TG == 2 ? 2u * uint32_t(k) + uint32_t(j >> 1) : uint32_t(k0) / G32;
 #pragma unroll
-          for (int r = 0; r < R; ++r)
-            flush(r, SP ? sp[(r * groups + int(uint32_t(k0) / G32)) * 8 + g] : ld_param(params[r] + (uint32_t(k0) / G32) * 8));
+          for (int r = 0; r < R; ++r) flush(r, SP ? sp[(r * groups + int(gi)) * 8 + g] : ld_param(params[r] + gi * 8));
           clear_cx();
         }
       };
@@ -921,6 +923,9 @@ bool symmetric_q8(const QGemvSet& set) {
 constexpr size_t kStaticSmemLimit = 48 << 10;
 // PA: the largest code block a CTA copies whole before its dependency wait (two CTAs per SM).
 constexpr size_t kPrefetchMaxBytes = 64 << 10;
+// SP: the most group parameters a CTA stages (two row blocks of in = 16384 in groups of 32), with
+// the reduction's static shared memory within the SM's 227 KB.
+constexpr size_t kSpMaxBytes = 128 << 10;
 
 // The XH path (x staged as f16 in shared memory): one row of x, in · 2 bytes within 48 KB.
 bool xh_fits(const QArgs& a) { return a.N == 1 && a.set.part[0].w.in <= 24576; }
@@ -935,7 +940,7 @@ bool params_in_smem() {
   return on;
 }
 
-template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, bool TG = false,
+template <int FMT, int NT, int R, int U, int W, int MINB = 1, bool PR = false, bool LP = false, int TG = 0,
           bool XH = false, bool SP = false, bool ACT = false, bool PA = false>
 void qgemv_cfg(const QArgs& a) {
   if constexpr (FMT == kQ8 && PR) {  // symmetric int8: the decode without Σx (kQ8S)
@@ -954,8 +959,16 @@ void qgemv_cfg(const QArgs& a) {
                              cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) == cudaSuccess;
     SALA_CUDA_REQUIRE(attr, "qgemv prefetch: shared memory attributes refused");
   }
-  if constexpr (SP) {  // parameters beyond 48 KB (in / group > 384 per row block): late loads instead
-    if (smem > kStaticSmemLimit) return qgemv_cfg<FMT, NT, R, U, W, MINB, PR, true, TG, XH, false, ACT>(a);
+  if constexpr (SP) {
+    // Parameters beyond 48 KB (in / group > 384 per row block: group 32 from in = 12416) take the
+    // opt-in attribute; beyond kSpMaxBytes, late loads instead.
+    if (smem > kSpMaxBytes) return qgemv_cfg<FMT, NT, R, U, W, MINB, PR, true, TG, XH, false, ACT>(a);
+    if (smem > kStaticSmemLimit) {
+      static const bool attr = cudaFuncSetAttribute(qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT, PA>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    int(kSpMaxBytes)) == cudaSuccess;
+      SALA_CUDA_REQUIRE(attr, "qgemv group parameters in shared memory: attribute refused");
+    }
   }
   QGemvSet set = a.set;
   unsigned blocks = 0;  // each part's CTAs after the previous part's
@@ -970,7 +983,7 @@ void qgemv_cfg(const QArgs& a) {
 }
 
 // N ≤ 8: one n-tile, one row block per CTA; the launch shape by format and size.
-template <int FMT, bool PR, bool TG>
+template <int FMT, bool PR, int TG>
 void qgemv_small(const QArgs& a, int warps) {
   switch (g_small_variant) {  // benchmarks: launch shapes (tiles per stage U, warps W, min CTAs per SM)
     case 1: return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG>(a);
@@ -1048,7 +1061,7 @@ void qgemv_small(const QArgs& a, int warps) {
   // Grouped formats: the group parameters in shared memory (SP) unless SALA_CUDA_QGEMV_SP=0.
   if constexpr (!PR) {
     if (params_in_smem()) {
-      if constexpr (FMT == kQ4 && TG) {
+      if constexpr (FMT == kQ4 && TG) {  // whole tiles or halves (group 32) in a group: the same shapes
         if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, false, true>(a);
         // Two row blocks per CTA up to 32768 rows: 16384×4096 15.7 → 14.3 µs (lm_head: one).
         if (a.rows <= 32768) return qgemv_cfg<FMT, 1, 2, 2, 4, 4, PR, false, TG, false, true>(a);
@@ -1060,7 +1073,7 @@ void qgemv_small(const QArgs& a, int warps) {
   }
   // Q4 in tile groups (group 64 or 128): late group parameters fit 64 registers (16 bytes of
   // spills), third sweep: 16384×4096 22.3 → 19.8 µs, 4096×16384 22.1 → 18.8, lm_head 91.4 → 72.4.
-  if constexpr (FMT == kQ4 && TG) {
+  if constexpr (FMT == kQ4 && TG == 1) {
     if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, true, TG>(a);
     return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, true, TG>(a);
   }
@@ -1070,7 +1083,7 @@ void qgemv_small(const QArgs& a, int warps) {
 
 // ACT (gate/up + silu·mul, N ≤ 8): the two-row-block shapes the automatic choice takes for the
 // unfused pair above 8192 rows (the 9B MLP's 2 × 16384), so that the sums are the same.
-template <int FMT, bool PR, bool TG>
+template <int FMT, bool PR, int TG>
 void qgemv_act_f(const QArgs& a) {
   if constexpr (PR && FMT != kQ4) {
     if (xh_fits(a)) return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, true, false, true>(a);
@@ -1084,9 +1097,12 @@ void qgemv_act_f(const QArgs& a) {
 template <int FMT>
 void qgemv_act(const QArgs& a) {
   const QWeight& w = a.set.part[0].w;
-  if (w.group == w.in) return qgemv_act_f<FMT, true, false>(a);
-  if (w.group % tile_k(FMT) == 0) return qgemv_act_f<FMT, false, true>(a);
-  return qgemv_act_f<FMT, false, false>(a);
+  if (w.group == w.in) return qgemv_act_f<FMT, true, 0>(a);
+  if (w.group % tile_k(FMT) == 0) return qgemv_act_f<FMT, false, 1>(a);
+  if constexpr (FMT == kQ4) {
+    if (2 * w.group == tile_k(FMT)) return qgemv_act_f<FMT, false, 2>(a);
+  }
+  return qgemv_act_f<FMT, false, 0>(a);
 }
 
 // The row-split batched kernel (qgemv_batch_kernel) for 9–32 rows: per-row formats or tile groups,
@@ -1163,9 +1179,12 @@ template <int FMT>
 void qgemv_f(const QArgs& a, int warps) {
   if (a.N <= 8) {
     const QWeight& w = a.set.part[0].w;  // format, in and group: the same for every part
-    if (w.group == w.in) return qgemv_small<FMT, true, false>(a, warps);
-    if (w.group % tile_k(FMT) == 0) return qgemv_small<FMT, false, true>(a, warps);
-    return qgemv_small<FMT, false, false>(a, warps);
+    if (w.group == w.in) return qgemv_small<FMT, true, 0>(a, warps);
+    if (w.group % tile_k(FMT) == 0) return qgemv_small<FMT, false, 1>(a, warps);
+    if constexpr (FMT == kQ4) {
+      if (2 * w.group == tile_k(FMT)) return qgemv_small<FMT, false, 2>(a, warps);
+    }
+    return qgemv_small<FMT, false, 0>(a, warps);
   }
   // N > 8: one decode of each A fragment feeds 2 or 4 n-tiles. Two row blocks per CTA share the
   // x fragments (x bytes per code byte: 2·N / (16·R) for Q4's 4 mmas per 16-byte piece).
@@ -1179,6 +1198,13 @@ void qgemv_f(const QArgs& a, int warps) {
   // shape left to it — 4096×4096 at N = 32: fp8 20.1 → 19.0 µs, int8 34.3 → 17.3, int4 22.9 →
   // 16.5; int4 4096×16384 at N = 32 74.1 → 54.4 and 4096×4096 at N = 16 16.1 → 10.9.
   const bool two = g_nt_variant == 2 || g_nt_variant == 0;
+  if constexpr (FMT == kQ4) {  // group 32: two groups per tile, their parameters in shared memory
+    const QWeight& w = a.set.part[0].w;
+    if (two && 2 * w.group == tile_k(FMT) && w.group != w.in && params_in_smem()) {
+      if (a.N <= 16) return qgemv_cfg<FMT, 2, 2, 2, 8, 1, false, false, 2, false, true>(a);
+      return qgemv_cfg<FMT, 4, 2, 1, 8, 1, false, false, 2, false, true>(a);
+    }
+  }
   if (a.N <= 16) {
     if (two) return qgemv_cfg<FMT, 2, 2, 2, 8>(a);
     return qgemv_cfg<FMT, 2, 1, 4, 8>(a);
