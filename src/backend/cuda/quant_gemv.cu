@@ -919,8 +919,6 @@ bool symmetric_q8(const QGemvSet& set) {
   return true;
 }
 
-// Shared memory per CTA without an opt-in attribute.
-constexpr size_t kStaticSmemLimit = 48 << 10;
 // PA: the largest code block a CTA copies whole before its dependency wait (two CTAs per SM).
 constexpr size_t kPrefetchMaxBytes = 64 << 10;
 // SP: the most group parameters a CTA stages (two row blocks of in = 16384 in groups of 32), with
@@ -960,15 +958,14 @@ void qgemv_cfg(const QArgs& a) {
     SALA_CUDA_REQUIRE(attr, "qgemv prefetch: shared memory attributes refused");
   }
   if constexpr (SP) {
-    // Parameters beyond 48 KB (in / group > 384 per row block: group 32 from in = 12416) take the
-    // opt-in attribute; beyond kSpMaxBytes, late loads instead.
+    // Parameters beyond kSpMaxBytes (in / group > 1024 per row block): late loads instead. Below,
+    // the opt-in attribute, since with the reduction's static shared memory (up to 32 KB) even
+    // parameters under 48 KB can pass the default limit (group 32 at N > 16).
     if (smem > kSpMaxBytes) return qgemv_cfg<FMT, NT, R, U, W, MINB, PR, true, TG, XH, false, ACT>(a);
-    if (smem > kStaticSmemLimit) {
-      static const bool attr = cudaFuncSetAttribute(qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT, PA>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    int(kSpMaxBytes)) == cudaSuccess;
-      SALA_CUDA_REQUIRE(attr, "qgemv group parameters in shared memory: attribute refused");
-    }
+    static const bool attr = cudaFuncSetAttribute(qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT, PA>,
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  int(kSpMaxBytes)) == cudaSuccess;
+    SALA_CUDA_REQUIRE(attr, "qgemv group parameters in shared memory: attribute refused");
   }
   QGemvSet set = a.set;
   unsigned blocks = 0;  // each part's CTAs after the previous part's
