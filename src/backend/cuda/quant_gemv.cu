@@ -919,6 +919,8 @@ bool symmetric_q8(const QGemvSet& set) {
   return true;
 }
 
+// Shared memory per CTA (static and dynamic) without an opt-in attribute.
+constexpr size_t kDefaultSmemLimit = 48 << 10;
 // PA: the largest code block a CTA copies whole before its dependency wait (two CTAs per SM).
 constexpr size_t kPrefetchMaxBytes = 64 << 10;
 // SP: the most group parameters a CTA stages (two row blocks of in = 16384 in groups of 32), with
@@ -958,14 +960,17 @@ void qgemv_cfg(const QArgs& a) {
     SALA_CUDA_REQUIRE(attr, "qgemv prefetch: shared memory attributes refused");
   }
   if constexpr (SP) {
-    // Parameters beyond kSpMaxBytes (in / group > 1024 per row block): late loads instead. Below,
-    // the opt-in attribute, since with the reduction's static shared memory (up to 32 KB) even
-    // parameters under 48 KB can pass the default limit (group 32 at N > 16).
+    // Parameters beyond kSpMaxBytes (in / group > 1024 per row block): late loads instead. Past
+    // 48 KB with the reduction's static shared memory (group 32 at in = 16384, or N > 16), the
+    // opt-in attribute — only there: a larger shared-memory carveout leaves less L1 for x.
     if (smem > kSpMaxBytes) return qgemv_cfg<FMT, NT, R, U, W, MINB, PR, true, TG, XH, false, ACT>(a);
-    static const bool attr = cudaFuncSetAttribute(qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT, PA>,
-                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  int(kSpMaxBytes)) == cudaSuccess;
-    SALA_CUDA_REQUIRE(attr, "qgemv group parameters in shared memory: attribute refused");
+    constexpr size_t kReductionBytes = size_t(W) * R * 16 * NT * 8 * sizeof(float) + 64;  // red[] + pa_bar, rounded up
+    if (smem + kReductionBytes > kDefaultSmemLimit) {
+      static const bool attr = cudaFuncSetAttribute(qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT, PA>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    int(kSpMaxBytes)) == cudaSuccess;
+      SALA_CUDA_REQUIRE(attr, "qgemv group parameters in shared memory: attribute refused");
+    }
   }
   QGemvSet set = a.set;
   unsigned blocks = 0;  // each part's CTAs after the previous part's
