@@ -1200,11 +1200,17 @@ void qgemv_f(const QArgs& a, int warps) {
   // shape left to it — 4096×4096 at N = 32: fp8 20.1 → 19.0 µs, int8 34.3 → 17.3, int4 22.9 →
   // 16.5; int4 4096×16384 at N = 32 74.1 → 54.4 and 4096×4096 at N = 16 16.1 → 10.9.
   const bool two = g_nt_variant == 2 || g_nt_variant == 0;
-  if constexpr (FMT == kQ4) {  // group 32: two groups per tile, their parameters in shared memory
+  if constexpr (FMT == kQ4) {  // int4: the group parameters in shared memory (SP)
     const QWeight& w = a.set.part[0].w;
-    if (two && 2 * w.group == tile_k(FMT) && w.group != w.in && params_in_smem()) {
-      if (a.N <= 16) return qgemv_cfg<FMT, 2, 2, 2, 8, 1, false, false, 2, false, true>(a);
-      return qgemv_cfg<FMT, 4, 2, 1, 8, 1, false, false, 2, false, true>(a);
+    if (two && w.group != w.in && params_in_smem()) {
+      if (2 * w.group == tile_k(FMT)) {  // group 32: two groups per tile
+        if (a.N <= 16) return qgemv_cfg<FMT, 2, 2, 2, 8, 1, false, false, 2, false, true>(a);
+        return qgemv_cfg<FMT, 4, 2, 1, 8, 1, false, false, 2, false, true>(a);
+      }
+      if (w.group % tile_k(FMT) == 0) {
+        if (a.N <= 16) return qgemv_cfg<FMT, 2, 2, 2, 8, 1, false, false, 1, false, true>(a);
+        return qgemv_cfg<FMT, 4, 2, 1, 8, 1, false, false, 1, false, true>(a);
+      }
     }
   }
   if (a.N <= 16) {
