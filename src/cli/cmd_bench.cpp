@@ -99,7 +99,7 @@ Runner setup(CLI::App& app) {
     int prefill_reps = 1;
     uint64_t seed = 0;
     bool quant_lm_head = false;
-    int quant_group = 64;
+    int quant_group = 0;  // the format's own: one scale per row (fp8, int8), 64 (int4)
     bool kernel_trace = false;
     std::string kernel_trace_csv;
     BackendOptions backend;
@@ -115,9 +115,10 @@ Runner setup(CLI::App& app) {
                                      "as `sala quantize` writes them (docs/quantization.md)")
       ->check(CLI::IsMember({"none", "fp8", "int8", "int4"}));
   app.add_flag("--quant-lm-head", o->quant_lm_head, "with --quant: lm_head packed too (`sala quantize --lm-head`)");
-  app.add_option("--quant-group", o->quant_group, "with --quant int4: columns per scale/bias group (`sala quantize --group`)")
-      ->check(CLI::IsMember({32, 64, 128, 256}))
-      ->capture_default_str();
+  app.add_option("--quant-group", o->quant_group,
+                 "with --quant int4 (default 64) or int8 (default: per row): columns per scale/bias group; int8 in "
+                 "groups is the layout of MLX 8-bit checkpoints")
+      ->check(CLI::IsMember({32, 64, 128, 256}));
   app.add_option("--contexts", o->contexts, "batch-1 context lengths, e.g. 1k,4k,128k,1m");
   app.add_option("--batches", o->batches, "batch sizes for batched decode (at --batch-context each)");
   app.add_option("--batch-context", o->batch_context, "context of every sequence in the batched rows (e.g. 4096, 4k)")
@@ -197,13 +198,12 @@ Runner setup(CLI::App& app) {
       RandomQuant quant = parse_random_quant(o->quant);
       SALA_CHECK(!o->quant_lm_head || quant.format != WeightFormat::Dense, "bench: --quant-lm-head needs --quant");
       quant.lm_head = o->quant_lm_head;
-      SALA_CHECK(o->quant_group == 64 || quant.format == WeightFormat::Q4,
-                 "bench: --quant-group {} applies to --quant int4 only (8-bit formats have one scale per row)",
-                 o->quant_group);
-      quant.group = o->quant_group;
+      SALA_CHECK(o->quant_group == 0 || quant.format == WeightFormat::Q4 || quant.format == WeightFormat::Q8,
+                 "bench: --quant-group {} applies to --quant int4 or int8 (fp8 has one scale per row)", o->quant_group);
+      if (o->quant_group) quant.group = o->quant_group;
       m = random_model(o->random, *backend, limits, o->seed, quant);
       model_name = "random " + o->random + (o->quant == "none" ? "" : " " + o->quant) +
-                   (quant.format == WeightFormat::Q4 ? " g" + std::to_string(quant.group) : "") +
+                   (quant.group ? " g" + std::to_string(quant.group) : "") +
                    (o->quant_lm_head ? " (lm_head too)" : "");
     } else {
       SALA_CHECK(o->quant == "none", "bench: --quant goes with --random (a quantized MODEL says its own format)");

@@ -303,7 +303,7 @@ ModelWeights random_weights(const ModelConfig& c, Backend& backend, uint64_t see
     const auto& [t, stream] = by_name.at(name);
     if (quant.format != WeightFormat::Dense && !gathered && is_quantized_tensor(name, t->is_vector, quant.lm_head)) {
       const int64_t cols = t->shape[1];
-      const int64_t group = quant.format == WeightFormat::Q4 ? quant.group : cols;
+      const int64_t group = quant.format != WeightFormat::FP8 && quant.group > 0 ? quant.group : cols;  // 0: per row
       SALA_CHECK(cols % group == 0, "random {} weights: {} has {} columns, not a multiple of group {}",
                  weight_format_name(quant.format), name, cols, group);
       return backend.random_quantized_weight(quant.format, t->shape[0], cols, group, init_std(c, *t), stream);

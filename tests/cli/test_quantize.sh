@@ -112,8 +112,11 @@ done
 "$SALA" bench --random tiny --quant int4 --quant-group 32 --backend cpu --contexts 64 --batches 1 --decode-steps 2 \
   >/dev/null 2>"$tmp/bg.err" || fail "bench --quant-group 32: $(cat "$tmp/bg.err")"
 grep -q "weights on cpu: .*q4 (group 32)" "$tmp/bg.err" || fail "bench --quant-group 32: $(cat "$tmp/bg.err")"
+"$SALA" bench --random tiny --quant int8 --quant-group 32 --backend cpu --contexts 64 --batches 1 --decode-steps 2 \
+  >/dev/null 2>"$tmp/bg.err" || fail "bench int8 --quant-group 32: $(cat "$tmp/bg.err")"
+grep -q "weights on cpu: .*q8 (group 32)" "$tmp/bg.err" || fail "bench int8 --quant-group 32: $(cat "$tmp/bg.err")"
 ! "$SALA" bench --random tiny --quant fp8 --quant-group 32 --backend cpu 2>"$tmp/err" || fail "bench: fp8 with a group"
-grep -q "int4 only" "$tmp/err" || fail "bench --quant-group message: $(cat "$tmp/err")"
+grep -q "int4 or int8" "$tmp/err" || fail "bench --quant-group message: $(cat "$tmp/err")"
 
 # Errors: bad format, group that does not divide the tiny model's 64 columns, already quantized.
 ! "$SALA" quantize "$tmp/f32" "$tmp/x" --format int3 2>/dev/null || fail "int3 accepted"
