@@ -473,11 +473,12 @@ void test_q8_symmetric(CpuBackend& cpu, CudaBackend& gpu) {
 // matmul_silu_mul (the MLP's gate/up with silu·mul; CUDA: fused into the packed GEMV at ≤ 8 rows)
 // against the CPU (bf16 tolerance) and against the same backend's unfused grouped GEMV + silu_mul
 // (Backend::matmul_silu_mul): bit for bit where both take the same two-row-block launch shape —
-// above 8192 rows in all for fp8, int8 and int4 in groups of 64 or 32 (the 9B MLP's case). 9 rows run
+// above 8192 rows in all for fp8, int8, int4 in groups of 64 or 32 and MLX 8-bit in groups of 32 (the
+// 9B MLP's case). 9 rows run
 // unfused.
 void test_matmul_silu_mul(CpuBackend& cpu, CudaBackend& gpu) {
   const int64_t in = 384;  // a multiple of every group below (MLX 48)
-  for (const Fmt& f : {kFormats[0], kFormats[1], kFormats[2], kFormats[3], kFormats[6]})
+  for (const Fmt& f : {kFormats[0], kFormats[1], kFormats[2], kFormats[3], kFormats[5], kFormats[6]})
     for (int64_t out : {80, 4608}) {
       Weight wc[2], wg[2];
       for (int i = 0; i < 2; ++i) {
@@ -487,7 +488,8 @@ void test_matmul_silu_mul(CpuBackend& cpu, CudaBackend& gpu) {
         wg[i] = gpu.load_quantized_weight(pm.view(), f.name);
       }
       const bool same_shape = out > 4096 && (f.format == QuantFormat::FP8 || f.format == QuantFormat::INT8 ||
-                                             (f.format == QuantFormat::INT4 && (f.group == 64 || f.group == 32)));
+                                             (f.format == QuantFormat::INT4 && (f.group == 64 || f.group == 32)) ||
+                                             (f.format == QuantFormat::MLX && f.bits == 8 && f.group % 32 == 0));
       for (int64_t n : {1, 3, 8, 9}) {
         const auto x = randn(size_t(n * in), 91 + uint64_t(n));
         auto run = [&](Backend& b, const Weight (&w)[2], DType dt, bool unfused) {

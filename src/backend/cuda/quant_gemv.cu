@@ -984,6 +984,26 @@ void qgemv_cfg(const QArgs& a) {
              static_cast<const bf16*>(a.x), int(a.ldx), a.N, int(a.dty == kF32), int(g_trigger && a.pdl));
 }
 
+// Grouped weights whose groups hold whole tiles (int4 in groups of 64 or more, int8 in groups of 32
+// or more: MLX 8-bit) or halves of one (int4 group 32), at N ≤ 8 with the parameters in shared
+// memory: the shapes of the int4 sweeps; grouped int8 stages x as f16 at N = 1 (XH) as the per-row
+// formats do. H100, 4K batch 1, 9B shape, int8 g64 with lm_head: 4.61 ms/step with the generic
+// grouped shapes below, 4.31–4.34 with these, 4.23–4.28 with XH as well
+// (bench/results/2026-11-26-h100-int4-groups.md).
+template <int FMT, int TG>
+constexpr bool kTileGroupShapes = (FMT == kQ4 && TG != 0) || (FMT == kQ8 && TG == 1);
+template <int FMT, int TG, bool XH, bool ACT = false>
+void qgemv_tile_groups(const QArgs& a) {
+  if constexpr (ACT) {  // the shape the unfused pair takes (2 × 16384 rows): the same sums
+    qgemv_cfg<FMT, 1, 2, 2, 4, 4, false, false, TG, XH, true, true>(a);
+  } else {
+    if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, false, false, TG, XH, true>(a);
+    // Two row blocks per CTA up to 32768 rows: 16384×4096 15.7 → 14.3 µs (lm_head: one).
+    if (a.rows <= 32768) return qgemv_cfg<FMT, 1, 2, 2, 4, 4, false, false, TG, XH, true>(a);
+    qgemv_cfg<FMT, 1, 1, 2, 4, 8, false, false, TG, XH, true>(a);
+  }
+}
+
 // N ≤ 8: one n-tile, one row block per CTA; the launch shape by format and size.
 template <int FMT, bool PR, int TG>
 void qgemv_small(const QArgs& a, int warps) {
@@ -1063,11 +1083,11 @@ void qgemv_small(const QArgs& a, int warps) {
   // Grouped formats: the group parameters in shared memory (SP) unless SALA_CUDA_QGEMV_SP=0.
   if constexpr (!PR) {
     if (params_in_smem()) {
-      if constexpr (FMT == kQ4 && TG) {  // whole tiles or halves (group 32) in a group: the same shapes
-        if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, false, TG, false, true>(a);
-        // Two row blocks per CTA up to 32768 rows: 16384×4096 15.7 → 14.3 µs (lm_head: one).
-        if (a.rows <= 32768) return qgemv_cfg<FMT, 1, 2, 2, 4, 4, PR, false, TG, false, true>(a);
-        return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, false, TG, false, true>(a);
+      if constexpr (kTileGroupShapes<FMT, TG>) {
+        if constexpr (FMT == kQ8) {
+          if (xh_fits(a)) return qgemv_tile_groups<FMT, TG, true>(a);
+        }
+        return qgemv_tile_groups<FMT, TG, false>(a);
       }
       if (a.rows > 16384) return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG, false, true>(a);
       return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG, false, true>(a);
@@ -1090,8 +1110,13 @@ void qgemv_act_f(const QArgs& a) {
   if constexpr (PR && FMT != kQ4) {
     if (xh_fits(a)) return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, true, false, true>(a);
     return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, false, false, true>(a);
-  } else if constexpr (!PR && FMT == kQ4 && TG) {
-    if (params_in_smem()) return qgemv_cfg<FMT, 1, 2, 2, 4, 4, PR, false, TG, false, true, true>(a);
+  } else if constexpr (!PR && kTileGroupShapes<FMT, TG>) {
+    if (params_in_smem()) {
+      if constexpr (FMT == kQ8) {
+        if (xh_fits(a)) return qgemv_tile_groups<FMT, TG, true, true>(a);
+      }
+      return qgemv_tile_groups<FMT, TG, false, true>(a);
+    }
   }
   return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, false, !PR, true>(a);
 }
