@@ -473,9 +473,8 @@ void test_q8_symmetric(CpuBackend& cpu, CudaBackend& gpu) {
 // matmul_silu_mul (the MLP's gate/up with silu·mul; CUDA: fused into the packed GEMV at ≤ 8 rows)
 // against the CPU (bf16 tolerance) and against the same backend's unfused grouped GEMV + silu_mul
 // (Backend::matmul_silu_mul): bit for bit where both take the same two-row-block launch shape —
-// above 8192 rows in all for fp8, int8, int4 in groups of 64 or 32 and MLX 8-bit in groups of 32 (the
-// 9B MLP's case). 9 rows run
-// unfused.
+// above 8192 rows in all for fp8, int8, int4 in groups of 64 or 32 and MLX 8-bit in groups of 32
+// (the 9B MLP's case). 9 rows run unfused.
 void test_matmul_silu_mul(CpuBackend& cpu, CudaBackend& gpu) {
   const int64_t in = 384;  // a multiple of every group below (MLX 48)
   for (const Fmt& f : {kFormats[0], kFormats[1], kFormats[2], kFormats[3], kFormats[5], kFormats[6]})

@@ -960,7 +960,7 @@ void qgemv_cfg(const QArgs& a) {
     SALA_CUDA_REQUIRE(attr, "qgemv prefetch: shared memory attributes refused");
   }
   if constexpr (SP) {
-    // Parameters beyond kSpMaxBytes (in / group > 1024 per row block): late loads instead. Past
+    // Parameters beyond kSpMaxBytes (R · in / group > 1024 groups): late loads instead. Past
     // 48 KB with the reduction's static shared memory (group 32 at in = 16384, or N > 16), the
     // opt-in attribute — only there: a larger shared-memory carveout leaves less L1 for x.
     if (smem > kSpMaxBytes) return qgemv_cfg<FMT, NT, R, U, W, MINB, PR, true, TG, XH, false, ACT>(a);
