@@ -1225,15 +1225,18 @@ void qgemv_f(const QArgs& a, int warps) {
   // shape left to it — 4096×4096 at N = 32: fp8 20.1 → 19.0 µs, int8 34.3 → 17.3, int4 22.9 →
   // 16.5; int4 4096×16384 at N = 32 74.1 → 54.4 and 4096×4096 at N = 16 16.1 → 10.9.
   const bool two = g_nt_variant == 2 || g_nt_variant == 0;
-  // int4: the group parameters in shared memory (SP) rather than a stage ahead in registers. H100,
-  // 4K, 9B shape with lm_head int4 g64: batch 32 9.13–9.29 instead of 10.44–10.49 ms of device
-  // time per step, batch 16 5.66–5.76 instead of 5.93–6.02 (bench/results/2026-11-26-h100-int4-groups.md).
-  if constexpr (FMT == kQ4) {
+  // Grouped int4 and int8 (MLX): the group parameters in shared memory (SP) rather than a stage
+  // ahead in registers. H100, 4K, 9B shape with lm_head int4 g64: batch 32 9.13–9.29 instead of
+  // 10.44–10.49 ms of device time per step, batch 16 5.66–5.76 instead of 5.93–6.02
+  // (bench/results/2026-11-26-h100-int4-groups.md).
+  if constexpr (FMT == kQ4 || FMT == kQ8) {
     const QWeight& w = a.set.part[0].w;
     if (two && w.group != w.in && params_in_smem()) {
-      if (2 * w.group == tile_k(FMT)) {  // group 32: two groups per tile
-        if (a.N <= 16) return qgemv_cfg<FMT, 2, 2, 2, 8, 1, false, false, 2, false, true>(a);
-        return qgemv_cfg<FMT, 4, 2, 1, 8, 1, false, false, 2, false, true>(a);
+      if constexpr (FMT == kQ4) {
+        if (2 * w.group == tile_k(FMT)) {  // group 32: two groups per tile
+          if (a.N <= 16) return qgemv_cfg<FMT, 2, 2, 2, 8, 1, false, false, 2, false, true>(a);
+          return qgemv_cfg<FMT, 4, 2, 1, 8, 1, false, false, 2, false, true>(a);
+        }
       }
       if (w.group % tile_k(FMT) == 0) {
         if (a.N <= 16) return qgemv_cfg<FMT, 2, 2, 2, 8, 1, false, false, 1, false, true>(a);
