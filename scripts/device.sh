@@ -5,7 +5,7 @@
 # builds, runs the CUDA parity tests (sala_cuda_tests), the kernel benchmarks, then — when they
 # exist — the end-to-end GPU checks (tests/cuda/e2e_*.sh, run with $SALA and $SALA_ROOT set) and
 # `sala bench` (arguments from $SALA_BENCH_ARGS, time limit $SALA_BENCH_TIMEOUT s (300); default: random 9B
-# weights, contexts 1k-32k), the quantized rows (quant-bench: fp8, int8, int4 at 4K/32K, batches 1/8/32),
+# weights, contexts 1k-32k), the quantized rows (quant-bench: fp8, int8, int4, int4 g128 + lm_head at 4K/32K, batches 1/8/32),
 # the quality of the packed formats on the 9B shape (quant-quality: `sala quant-quality`, random
 # weights, lm_head kept / quantized), the packed prompt GEMM (qgemm: its kernel table, and decode batches of 128 and
 # 256 sequences with it off / on; SALA_QGEMM_RUNS="FORMAT:MODE ...", SALA_QGEMM_BATCHES and SALA_QGEMM_STEPS
@@ -149,6 +149,10 @@ if want quant-bench; then
         --contexts 4k,32k --batches 1,8,32 --decode-steps 32 --json "$OUT/quant-$q.json"
       if [ "$LAST_RC" -eq 0 ]; then note "quant-$q" ok "$LAST_DT" "quant-$q.json"; else note "quant-$q" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
     done
+    # The fastest 4-bit model: int4 in groups of 128 with lm_head packed too (docs/quantization.md).
+    run "quant-int4-g128" "$OUT/quant_bench.log" timeout 300 "$SALA" bench --random 9b --backend cuda --quant int4 \
+      --quant-group 128 --quant-lm-head --contexts 4k,32k --batches 1,8,32 --decode-steps 32 --json "$OUT/quant-int4-g128-lm.json"
+    if [ "$LAST_RC" -eq 0 ]; then note "quant-i4g128" ok "$LAST_DT" "quant-int4-g128-lm.json"; else note "quant-i4g128" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
     # fp8 with the prompt on fp8 tensor cores (--fp8-prefill, W8A8): the prefill column is the point.
     run "quant-fp8-prefill" "$OUT/quant_bench.log" timeout 300 "$SALA" bench --random 9b --backend cuda --quant fp8 \
       --fp8-prefill --contexts 4k,32k --batches 1 --decode-steps 32 --json "$OUT/quant-fp8-prefill.json"
