@@ -42,6 +42,13 @@ enum Fmt : int { kFP8 = 1, kQ8 = 2, kQ4 = 3 };
 
 SALA_HD constexpr int bits_of(int fmt) { return fmt == kQ4 ? 4 : 8; }
 SALA_HD constexpr int tile_k(int fmt) { return fmt == kQ4 ? 64 : 32; }
+// How a grouped matrix's groups lie in its tiles, which picks the decode GEMV's compiled path
+// (quant_gemv.cu's TG; the loader notes the generic one): 1 every tile inside one group (group %
+// tile_k == 0), 2 two groups per tile (4-bit in groups of 32), 0 any other grouping (the generic
+// kernel). Per-row weights (group == cols) are told apart by the caller.
+SALA_HD constexpr int tile_groups(int fmt, int64_t group) {
+  return group % tile_k(fmt) == 0 ? 1 : fmt == kQ4 && 2 * group == tile_k(fmt) ? 2 : 0;
+}
 constexpr int kTileBytes = 512;
 
 struct TileGeom {

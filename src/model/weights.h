@@ -59,7 +59,7 @@ ModelWeights bind_weights(const ModelConfig& config, const Checkpoint& checkpoin
 // (every projection; lm_head when asked; not embeddings, norms) are random packed codes instead.
 struct RandomQuant {
   WeightFormat format = WeightFormat::Dense;
-  int64_t group = 64;    // Q4, and Q8 in groups (MLX 8-bit); 0: one scale per row (FP8 always)
+  int64_t group = 0;     // Q4 (64 from parse_random_quant), Q8 in groups (MLX 8-bit); 0: one scale per row
   bool lm_head = false;  // an untied lm_head packed too (`sala quantize --lm-head`)
 };
 // "none"/"bf16" (dense), "fp8", "int8" (Q8 per row), "int4" (Q4, group 64); else an error.

@@ -63,11 +63,10 @@ void check_packable(WeightFormat f, int64_t rows, int64_t cols, int64_t group, c
              name, weight_format_name(f), group);
   SALA_CHECK(size_t(cols) * 2 * 16 <= qscratch_bytes() && rows < (int64_t(1) << 31),
              "cuda: {}: packed matrix [{}, {}] too large", name, rows, cols);
-  // The decode GEMV has compile-time paths for groups of whole tiles and int4's half tiles
-  // (quant_gemv.cu, TG); other groups run its generic kernel, which is correct but slower: said
-  // once rather than silently.
+  // The decode GEMV has compiled paths for groups of whole tiles and int4's half tiles; other
+  // groups run its generic kernel, which is correct but slower: said once rather than silently.
   const int kt = qlayout::tile_k(int(f));
-  if (group != cols && group % kt != 0 && !(f == WeightFormat::Q4 && 2 * group == kt)) {
+  if (group != cols && qlayout::tile_groups(int(f), group) == 0) {
     static std::once_flag noted;
     std::call_once(noted, [&] {
       std::fprintf(stderr,

@@ -964,10 +964,14 @@ void qgemv_cfg(const QArgs& a) {
     // 48 KB with the reduction's static shared memory (group 32 at in = 16384, or N > 16), the
     // opt-in attribute — only there: a larger shared-memory carveout leaves less L1 for x.
     if (smem > kSpMaxBytes) return qgemv_cfg<FMT, NT, R, U, W, MINB, PR, true, TG, XH, false, ACT>(a);
-    constexpr size_t kReductionBytes = size_t(W) * R * 16 * NT * 8 * sizeof(float) + 64;  // red[] + pa_bar, rounded up
-    if (smem + kReductionBytes > kDefaultSmemLimit) {
-      static const bool attr = cudaFuncSetAttribute(qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT, PA>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+    auto* kernel = qgemv_kernel<FMT, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT, PA>;
+    static const size_t static_smem = [kernel] {  // the reduction's red[] and PA's barrier
+      cudaFuncAttributes fa{};
+      SALA_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
+      return fa.sharedSizeBytes;
+    }();
+    if (smem + static_smem > kDefaultSmemLimit) {
+      static const bool attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                     int(kSpMaxBytes)) == cudaSuccess;
       SALA_CUDA_REQUIRE(attr, "qgemv group parameters in shared memory: attribute refused");
     }
@@ -1125,9 +1129,10 @@ template <int FMT>
 void qgemv_act(const QArgs& a) {
   const QWeight& w = a.set.part[0].w;
   if (w.group == w.in) return qgemv_act_f<FMT, true, 0>(a);
-  if (w.group % tile_k(FMT) == 0) return qgemv_act_f<FMT, false, 1>(a);
+  const int tg = tile_groups(FMT, w.group);
+  if (tg == 1) return qgemv_act_f<FMT, false, 1>(a);
   if constexpr (FMT == kQ4) {
-    if (2 * w.group == tile_k(FMT)) return qgemv_act_f<FMT, false, 2>(a);
+    if (tg == 2) return qgemv_act_f<FMT, false, 2>(a);
   }
   return qgemv_act_f<FMT, false, 0>(a);
 }
@@ -1207,9 +1212,10 @@ void qgemv_f(const QArgs& a, int warps) {
   if (a.N <= 8) {
     const QWeight& w = a.set.part[0].w;  // format, in and group: the same for every part
     if (w.group == w.in) return qgemv_small<FMT, true, 0>(a, warps);
-    if (w.group % tile_k(FMT) == 0) return qgemv_small<FMT, false, 1>(a, warps);
+    const int tg = tile_groups(FMT, w.group);
+    if (tg == 1) return qgemv_small<FMT, false, 1>(a, warps);
     if constexpr (FMT == kQ4) {
-      if (2 * w.group == tile_k(FMT)) return qgemv_small<FMT, false, 2>(a, warps);
+      if (tg == 2) return qgemv_small<FMT, false, 2>(a, warps);
     }
     return qgemv_small<FMT, false, 0>(a, warps);
   }
@@ -1231,14 +1237,15 @@ void qgemv_f(const QArgs& a, int warps) {
   // (bench/results/2026-11-26-h100-int4-groups.md).
   if constexpr (FMT == kQ4 || FMT == kQ8) {
     const QWeight& w = a.set.part[0].w;
+    const int tg = tile_groups(FMT, w.group);
     if (two && w.group != w.in && params_in_smem()) {
       if constexpr (FMT == kQ4) {
-        if (2 * w.group == tile_k(FMT)) {  // group 32: two groups per tile
+        if (tg == 2) {  // group 32: two groups per tile
           if (a.N <= 16) return qgemv_cfg<FMT, 2, 2, 2, 8, 1, false, false, 2, false, true>(a);
           return qgemv_cfg<FMT, 4, 2, 1, 8, 1, false, false, 2, false, true>(a);
         }
       }
-      if (w.group % tile_k(FMT) == 0) {
+      if (tg == 1) {
         if (a.N <= 16) return qgemv_cfg<FMT, 2, 2, 2, 8, 1, false, false, 1, false, true>(a);
         return qgemv_cfg<FMT, 4, 2, 1, 8, 1, false, false, 1, false, true>(a);
       }
