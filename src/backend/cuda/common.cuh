@@ -125,6 +125,30 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t& r0, uint32_t& r1, uint32_t& 
 #endif
 }
 
+// Weights are read once per token: they bypass L1 and are the first to leave L2, so that what the
+// next kernels and tokens reuse (activations, norm weights, states, K/V) stays. The batch-1 bf16
+// GEMV (gemv_kernel), H100, 4K: 6.65–6.66 → 6.59–6.62 ms per step against __ldg; at batch 8
+// (gemv_mma_kernel) and in the packed GEMV's code loads it was neutral to slower, so they keep
+// theirs (bench/results/2026-11-27-h100-evict-first.md). Non-volatile asm: the policy is made
+// once per kernel (a common subexpression) and the loads are scheduled like __ldg.
+#ifdef SALA_PRE_SM80
+__device__ __forceinline__ uint64_t l2_evict_first() { return 0; }
+__device__ __forceinline__ uint4 ld_weight(const uint4* p) { return __ldg(p); }
+#else
+__device__ __forceinline__ uint64_t l2_evict_first() {
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ uint4 ld_weight(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "l"(l2_evict_first()));
+  return v;
+}
+#endif
+
 // 16-byte global -> shared copy; src_bytes = 0 fills the destination with zeros.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
 #ifdef SALA_PRE_SM80

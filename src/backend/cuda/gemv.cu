@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kWarps * 32, P == 1 ? 8 : 1) gemv_kernel(const
     for (int u = 0; u < P; ++u)
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
-        wv[u][r] = p + u * kStride < pieces ? __ldg(reinterpret_cast<const uint4*>(wr[r]) + p + u * kStride) : zero;
+        wv[u][r] = p + u * kStride < pieces ? ld_weight(reinterpret_cast<const uint4*>(wr[r]) + p + u * kStride) : zero;
   };
   load(tid);
   grid_dep_wait();
