@@ -5,7 +5,8 @@
 # builds, runs the CUDA parity tests (sala_cuda_tests), the kernel benchmarks, then — when they
 # exist — the end-to-end GPU checks (tests/cuda/e2e_*.sh, run with $SALA and $SALA_ROOT set) and
 # `sala bench` (arguments from $SALA_BENCH_ARGS, time limit $SALA_BENCH_TIMEOUT s (300); default: random 9B
-# weights, contexts 1k-32k), the quantized rows (quant-bench: fp8, int8, int4, int4 g128 + lm_head at 4K/32K, batches 1/8/32),
+# weights, contexts 1k-32k), the quantized rows (quant-bench: `sala bench --compare` of every format against bf16 at 4K,
+# batch 1, three interleaved rounds; then fp8, int8, int4, int4 g128 + lm_head at 4K/32K, batches 1/8/32),
 # the quality of the packed formats on the 9B shape (quant-quality: `sala quant-quality`, random
 # weights, lm_head kept / quantized), the packed prompt GEMM (qgemm: its kernel table, and decode batches of 128 and
 # 256 sequences with it off / on; SALA_QGEMM_RUNS="FORMAT:MODE ...", SALA_QGEMM_BATCHES and SALA_QGEMM_STEPS
@@ -144,6 +145,11 @@ fi
 have_bench() { [ -x "$SALA" ] && "$SALA" --help 2>&1 | grep -qE '^[[:space:]]+bench([[:space:]]|$)'; }
 if want quant-bench; then
   if have_bench; then
+    # Issue #8's table: batch-1 decode at 4K of every format against bf16, interleaved rounds.
+    run "quant-compare" "$OUT/quant_bench.log" timeout 400 "$SALA" bench --random 9b --backend cuda \
+      --compare bf16,fp8+lm,int8+lm,int8/g64+lm,int4+lm,int4/g128+lm --contexts 4k --decode-steps 32 --rounds 3 \
+      --json "$OUT/quant-compare.json"
+    if [ "$LAST_RC" -eq 0 ]; then note "quant-compare" ok "$LAST_DT" "quant-compare.json"; else note "quant-compare" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
     for q in fp8 int8 int4; do
       run "quant-$q" "$OUT/quant_bench.log" timeout 300 "$SALA" bench --random 9b --backend cuda --quant "$q" \
         --contexts 4k,32k --batches 1,8,32 --decode-steps 32 --json "$OUT/quant-$q.json"

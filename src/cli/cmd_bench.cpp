@@ -12,8 +12,10 @@
 #include <random>
 #include <utility>
 
+#include "cli/bench_compare.h"
 #include "cli/bench_serve.h"
 #include "cli/bench_speculative.h"
+#include "cli/bench_timing.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/plot_tool.h"
@@ -31,13 +33,7 @@
 namespace sala::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using Clock = BenchClock;
 
 struct Ceilings {
   double bandwidth = 0;  // bytes/s, read + write of a large elementwise op
@@ -100,6 +96,8 @@ Runner setup(CLI::App& app) {
     uint64_t seed = 0;
     bool quant_lm_head = false;
     int quant_group = 0;  // the format's own: one scale per row (fp8, int8), 64 (int4)
+    std::vector<std::string> compare;
+    int rounds = 2;
     bool kernel_trace = false;
     std::string kernel_trace_csv;
     BackendOptions backend;
@@ -119,8 +117,17 @@ Runner setup(CLI::App& app) {
                  "with --quant int4 (default 64) or int8 (default: per row): columns per scale/bias group; int8 in "
                  "groups is the layout of MLX 8-bit checkpoints")
       ->check(CLI::IsMember({32, 64, 128, 256}));
-  app.add_option("--contexts", o->contexts, "batch-1 context lengths, e.g. 1k,4k,128k,1m");
-  app.add_option("--batches", o->batches, "batch sizes for batched decode (at --batch-context each)");
+  app.add_option("--compare", o->compare,
+                 "with --random: batch-1 decode of these weight formats, FORMAT[/gN][+lm] (bf16, fp8, int8, int4; "
+                 "e.g. bf16,fp8+lm,int4/g128+lm), in interleaved rounds on this device, each against the first "
+                 "(docs/benchmarks.md)")
+      ->delimiter(',');
+  app.add_option("--rounds", o->rounds, "with --compare: rounds (every format once per round)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  auto* contexts_opt =
+      app.add_option("--contexts", o->contexts, "batch-1 context lengths, e.g. 1k,4k,128k,1m (--compare: 4k unless given)");
+  auto* batches_opt = app.add_option("--batches", o->batches, "batch sizes for batched decode (at --batch-context each)");
   app.add_option("--batch-context", o->batch_context, "context of every sequence in the batched rows (e.g. 4096, 4k)")
       ->capture_default_str();
   app.add_option("--chunk", o->chunk, "prefill chunk (tokens per forward)");
@@ -159,7 +166,7 @@ Runner setup(CLI::App& app) {
       ->group("Serving benchmark")->capture_default_str();
   app.add_option("--timeout", o->serve.timeout_s, "with --serve: seconds without a byte before a request fails")
       ->group("Serving benchmark")->capture_default_str();
-  return [o] {
+  return [o, batches_opt, contexts_opt] {
     if (!o->serve.url.empty()) {
       SALA_CHECK(o->model.empty() && o->random.empty() && o->plot.empty() && o->from.empty(),
                  "bench --serve measures a running server: give no MODEL, --random, --plot or --from");
@@ -185,6 +192,20 @@ Runner setup(CLI::App& app) {
     for (auto& s : CLI::detail::split(o->batches, ',')) batches.push_back(parse_size(s));
     const int64_t batch_context = parse_size(o->batch_context);
     std::sort(contexts.begin(), contexts.end());
+    if (!o->compare.empty()) {
+      SALA_CHECK(!o->random.empty(), "bench --compare: compares random weights of one preset; give --random PRESET");
+      SALA_CHECK(o->quant == "none" && !o->quant_lm_head && o->quant_group == 0,
+                 "bench --compare: the formats are in its list (e.g. int4/g128+lm); drop --quant, --quant-lm-head "
+                 "and --quant-group");
+      SALA_CHECK(batches_opt->count() == 0, "bench --compare: batch-1 rows only; drop --batches");
+      SALA_CHECK(!o->kernel_trace && !o->speculative_costs.on && o->plot.empty() && o->prefill_reps == 1,
+                 "bench --compare: not with --kernel-trace, --speculative-costs, --plot or --prefill-reps");
+      if (contexts_opt->count() == 0) contexts = {4096};  // issue #8's targets are at 4K
+      CompareOptions c{.preset = o->random, .contexts = contexts, .chunk = o->chunk, .steps = o->decode_steps,
+                       .rounds = o->rounds, .seed = o->seed, .json = o->json};
+      for (const auto& f : o->compare) c.formats.push_back(parse_format_spec(f));
+      return run_format_comparison(*backend, c);
+    }
     const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
     ModelLimits limits{.max_batch_tokens = std::max(o->chunk, max_batch), .max_logit_rows = std::max<int64_t>(max_batch, 1)};
     if (o->speculative_costs.on) {  // a verify forward: K + 1 tokens, every logit row
@@ -263,31 +284,21 @@ Runner setup(CLI::App& app) {
     double dec_gpu_ms = 0;
     int64_t dec_replays = 0;
 
+    const TokenSource token = [&] { return tok(rng); };
     auto decode_steps = [&](Engine& e, const std::vector<int>& seqs) {
-      std::vector<double> t;
       std::vector<uint64_t> marks;  // --kernel-trace: where each timed step begins
       if (trace) trace->take();     // the prefill's and earlier rows' kernels
-      Backend::GraphStats g0;
-      for (int i = 0; i < o->decode_steps + 2; ++i) {
-        std::vector<std::vector<int32_t>> next;
-        std::vector<Engine::Request> reqs;
-        for (int s : seqs) next.push_back(random_tokens(1));
-        for (size_t k = 0; k < seqs.size(); ++k) reqs.push_back({seqs[k], next[k]});
-        if (i == 2) g0 = backend->graph_stats();
-        if (trace && i >= 2) marks.push_back(trace->now());
-        auto t0 = Clock::now();
-        e.step(reqs);  // returns logits on the host: the device work is finished
-        if (i >= 2) t.push_back(seconds_since(t0));
-      }
-      const Backend::GraphStats g1 = backend->graph_stats();
-      dec_gpu_ms = (g1.gpu_ms - g0.gpu_ms) / double(std::max(o->decode_steps, 1));
-      dec_replays = g1.replays - g0.replays;
+      const DecodeTiming d = time_decode_steps(e, *backend, seqs, o->decode_steps, token, [&] {
+        if (trace) marks.push_back(trace->now());
+      });
+      dec_gpu_ms = d.gpu_ms;
+      dec_replays = d.replays;
       if (trace) {
         std::vector<KernelSpan> spans = trace->take();
         timeline = format_kernel_timeline(kernel_timeline(spans, marks));
         if (!o->kernel_trace_csv.empty()) spans_csv += kernel_spans_csv(std::move(spans), marks, traced_rows++);
       }
-      return median(t);
+      return d.step_s;
     };
     // Memory of a row: the caches of its sequences at its context (engine/memory.h, as `sala info
     // --context`; the backends keep K/V/K1/K2 in their activation dtype), the weights, and the
@@ -331,19 +342,7 @@ Runner setup(CLI::App& app) {
       const int64_t max_ctx = contexts.back() + int64_t(contexts.size()) * (o->decode_steps + 2) + 1;
       const EngineOptions eo{.max_sequences = 1, .max_context = max_ctx};
       Engine e(*m.model, eo);
-      // Prefills s up to ctx tokens in chunks; the seconds it took.
-      auto prefill = [&](int s, int64_t ctx) {
-        double t = 0;
-        while (e.length(s) < ctx) {
-          auto chunk = random_tokens(std::min(o->chunk, ctx - e.length(s)));
-          Engine::Request r{s, chunk, -1, false, e.length(s) + int64_t(chunk.size()) == ctx};
-          auto t0 = Clock::now();
-          e.step(std::span(&r, 1));
-          backend->synchronize();
-          t += seconds_since(t0);
-        }
-        return t;
-      };
+      auto prefill = [&](int s, int64_t ctx) { return prefill_to(e, *backend, s, ctx, o->chunk, token); };
       // Warm-up: one chunk on a throwaway sequence (library handles, heuristics, lazy scratch), so
       // the first row's prefill is not the process's first forward.
       {
