@@ -23,32 +23,48 @@ std::string FormatSpec::label(const std::string& dense) const {
   std::string s = quant.format == WeightFormat::FP8 ? "fp8" : quant.format == WeightFormat::Q8 ? "int8" : "int4";
   if (quant.group > 0) s += " g" + std::to_string(quant.group);
   if (quant.lm_head) s += " + lm_head";
+  if (w8a8) s += ", W8A8 prefill";
   return s;
 }
 
 FormatSpec parse_format_spec(const std::string& text) {
   FormatSpec f{text, {}};
-  std::string rest = text;
-  const bool lm = rest.size() > 3 && rest.ends_with("+lm");
-  if (lm) rest.resize(rest.size() - 3);
-  int64_t group = 0;
-  if (const size_t slash = rest.find('/'); slash != std::string::npos) {
-    const std::string g = rest.substr(slash + 1);
-    rest.resize(slash);
-    const bool ok = g.size() > 1 && g[0] == 'g' && std::all_of(g.begin() + 1, g.end(), [](unsigned char ch) { return std::isdigit(ch) != 0; }) && g.size() < 6;
-    SALA_CHECK(ok, "bench --compare: '{}': the group is written /gN (e.g. int4/g128), not '/{}'", text, g);
-    group = std::stoll(g.substr(1));
-    SALA_CHECK(group == 32 || group == 64 || group == 128 || group == 256,
-               "bench --compare: '{}': group {} (known: 32, 64, 128, 256)", text, group);
+  auto fail_spec = [&](const std::string& why) {
+    fail("bench --compare: '{}': {} (FORMAT[/gN][+lm][+w8a8]; formats bf16, fp8, int8, int4)", text, why);
+  };
+  // FORMAT[/gN], then each +suffix.
+  std::vector<std::string> parts;
+  for (size_t b = 0;;) {
+    const size_t e = text.find('+', b);
+    parts.push_back(text.substr(b, e == std::string::npos ? std::string::npos : e - b));
+    if (e == std::string::npos) break;
+    b = e + 1;
   }
-  SALA_CHECK(rest == "bf16" || rest == "none" || rest == "fp8" || rest == "int8" || rest == "int4",
-             "bench --compare: unknown format '{}' in '{}' (known: bf16, fp8, int8, int4, as FORMAT[/gN][+lm])", rest,
-             text);
-  f.quant = parse_random_quant(rest);
-  SALA_CHECK(f.quant.format != WeightFormat::Dense || (!lm && group == 0),
-             "bench --compare: '{}': bf16 has no groups and its lm_head is bf16 already", text);
-  SALA_CHECK(group == 0 || f.quant.format != WeightFormat::FP8, "bench --compare: '{}': fp8 has one scale per row",
-             text);
+  bool lm = false;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    if (parts[i] != "lm" && parts[i] != "w8a8") fail_spec(fmt::format("unknown suffix '+{}'", parts[i]));
+    bool& flag = parts[i] == "lm" ? lm : f.w8a8;
+    if (flag) fail_spec(fmt::format("'+{}' twice", parts[i]));
+    flag = true;
+  }
+  std::string name = parts[0];
+  int64_t group = 0;
+  if (const size_t slash = name.find('/'); slash != std::string::npos) {
+    const std::string g = name.substr(slash + 1);
+    name.resize(slash);
+    const bool digits = g.size() > 1 && g.size() < 6 &&
+                        std::all_of(g.begin() + 1, g.end(), [](unsigned char ch) { return std::isdigit(ch) != 0; });
+    if (g.empty() || g[0] != 'g' || !digits) fail_spec(fmt::format("the group is written /gN (e.g. int4/g128), not '/{}'", g));
+    group = std::stoll(g.substr(1));
+    if (group != 32 && group != 64 && group != 128 && group != 256)
+      fail_spec(fmt::format("group {} (known: 32, 64, 128, 256)", group));
+  }
+  if (name != "bf16" && name != "none" && name != "fp8" && name != "int8" && name != "int4")
+    fail_spec(fmt::format("unknown format '{}'", name));
+  f.quant = parse_random_quant(name);
+  if (f.quant.format == WeightFormat::Dense && (lm || group || f.w8a8))
+    fail_spec("bf16 has no groups, its lm_head is bf16 already and its prefill has no W8A8");
+  if (group && f.quant.format == WeightFormat::FP8) fail_spec("fp8 has one scale per row");
   if (group) f.quant.group = group;
   f.quant.lm_head = lm;
   return f;
@@ -60,7 +76,7 @@ struct Row {
   const FormatSpec* format;
   int64_t context;
   double weights_bytes = 0;
-  std::vector<double> ms, gpu_ms;  // per round
+  std::vector<double> prefill_tok_s, ms, gpu_ms;  // per round; prefill: the tokens since the previous context
 };
 
 }  // namespace
@@ -79,6 +95,9 @@ int run_format_comparison(Backend& backend, const CompareOptions& o) {
   for (int round = 0; round < o.rounds; ++round) {
     for (size_t fi = 0; fi < o.formats.size(); ++fi) {
       const FormatSpec& f = o.formats[fi];
+      // W8A8 prompt products for this format only (the flags act on FP8 resp. int8/int4 weights).
+      backend.set_fp8_prefill(f.w8a8 && f.quant.format == WeightFormat::FP8);
+      backend.set_int8_prefill(f.w8a8 && f.quant.format != WeightFormat::FP8);
       LoadedModel m = random_model(o.preset, backend, limits, o.seed, f.quant);
       std::mt19937 rng(uint32_t(o.seed));  // every format decodes the same token ids
       std::uniform_int_distribution<int32_t> tok(5, m.config.vocab_size - 1);
@@ -91,36 +110,47 @@ int run_format_comparison(Backend& backend, const CompareOptions& o) {
       }
       const int s = e.open();
       for (size_t ci = 0; ci < o.contexts.size(); ++ci) {
-        prefill_to(e, backend, s, o.contexts[ci], o.chunk, token);
+        const int64_t start = e.length(s);
+        const double prefill_s = prefill_to(e, backend, s, o.contexts[ci], o.chunk, token);
         const int seq[] = {s};
         const DecodeTiming d = time_decode_steps(e, backend, seq, o.steps, token);
         Row& r = rows[fi * o.contexts.size() + ci];
         r.weights_bytes = weight_bytes(m.model->weights());
+        r.prefill_tok_s.push_back(prefill_s > 0 ? double(o.contexts[ci] - start) / prefill_s : 0);
         r.ms.push_back(d.step_s * 1e3);
         r.gpu_ms.push_back(d.gpu_ms);
-        std::fprintf(stderr, "round %d/%d  %-22s context %-8lld %.3f ms/step\n", round + 1, o.rounds,
-                     f.label(dense).c_str(), (long long)o.contexts[ci], d.step_s * 1e3);
+        std::fprintf(stderr, "round %d/%d  %-34s context %-8lld prefill %.0f tok/s, decode %.3f ms/step\n",
+                     round + 1, o.rounds, f.label(dense).c_str(), (long long)o.contexts[ci], r.prefill_tok_s.back(),
+                     d.step_s * 1e3);
       }
     }
   }
+  backend.set_fp8_prefill(false);
+  backend.set_int8_prefill(false);
 
   const std::string ref = o.formats.front().label(dense);
-  std::printf("batch-1 decode on %s (%s), random %s weights: %d round(s) of %d timed steps per format and context\n",
-              backend.device_name().c_str(), backend.name().c_str(), o.preset.c_str(), o.rounds, o.steps);
-  std::printf("%-24s %11s %8s  %-24s %9s %8s %9s %9s\n", "format", "weights MiB", "context", "ms/step per round",
-              "median", "gpu ms", "tok/s", ("× " + ref).c_str());
+  std::printf("batch-1 prefill and decode on %s (%s), random %s weights, prompt chunks of %lld: %d round(s), %d timed "
+              "decode steps per format and context; medians of the rounds\n",
+              backend.device_name().c_str(), backend.name().c_str(), o.preset.c_str(), (long long)o.chunk, o.rounds,
+              o.steps);
+  const std::string x = "× " + ref;
+  std::printf("%-36s %11s %8s %12s %8s  %-24s %9s %8s %9s %8s\n", "format", "weights MiB", "context", "prefill t/s",
+              x.c_str(), "ms/step per round", "median", "gpu ms", "tok/s", x.c_str());
   nlohmann::json out = nlohmann::json::array();
   for (const Row& r : rows) {
     const Row& base = rows[size_t(&r - rows.data()) % o.contexts.size()];  // the first format, same context
     const double ms = median(r.ms), gpu = median(r.gpu_ms), ratio = median(base.ms) / ms;
+    const double pf = median(r.prefill_tok_s), pf_base = median(base.prefill_tok_s);
+    const double pf_ratio = pf_base > 0 ? pf / pf_base : 0;
     std::string per;
     for (double v : r.ms) per += fmt::format("{:.3f} ", v);
-    std::printf("%-24s %11.1f %8lld  %-24s %9.3f %8s %9.1f %8.3fx\n", r.format->label(dense).c_str(),
-                r.weights_bytes / double(1 << 20), (long long)r.context, per.c_str(), ms,
+    std::printf("%-36s %11.1f %8lld %12.0f %7.3fx  %-24s %9.3f %8s %9.1f %7.3fx\n", r.format->label(dense).c_str(),
+                r.weights_bytes / double(1 << 20), (long long)r.context, pf, pf_ratio, per.c_str(), ms,
                 gpu > 0 ? fmt::format("{:.3f}", gpu).c_str() : "-", 1e3 / ms, ratio);
     out.push_back({{"format", r.format->text}, {"label", r.format->label(dense)}, {"context", r.context},
-                   {"weights_bytes", r.weights_bytes}, {"ms_per_step_rounds", r.ms}, {"ms_per_step", ms},
-                   {"gpu_ms_per_step", gpu}, {"decode_tok_s", 1e3 / ms}, {"speedup_vs_first", ratio}});
+                   {"weights_bytes", r.weights_bytes}, {"prefill_tok_s_rounds", r.prefill_tok_s},
+                   {"prefill_tok_s", pf}, {"prefill_vs_first", pf_ratio}, {"ms_per_step_rounds", r.ms},
+                   {"ms_per_step", ms}, {"gpu_ms_per_step", gpu}, {"decode_tok_s", 1e3 / ms}, {"speedup_vs_first", ratio}});
   }
   if (!o.json.empty()) {
     std::ofstream f(o.json);

@@ -1,7 +1,7 @@
-// `sala bench --random PRESET --compare bf16,fp8+lm,int4/g128+lm`: batch-1 decode of one random
-// model shape in several weight formats on one device, in interleaved rounds (every format once
-// per round, so that drift of the machine falls on all of them alike), with each format's step
-// time against the first's — the table of docs/quantization.md's targets in one command.
+// `sala bench --random PRESET --compare bf16,fp8+lm,int4/g128+lm`: batch-1 prefill and decode of
+// one random model shape in several weight formats on one device, in interleaved rounds (every
+// format once per round, so that drift of the machine falls on all of them alike), each against
+// the first — the table of issue #8's targets (docs/quantization.md) in one command.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -12,12 +12,15 @@
 
 namespace sala::cli {
 
-// FORMAT[/gN][+lm]: FORMAT bf16 (or none), fp8, int8, int4; /gN columns per scale group (int4:
-// 32, 64 default, 128, 256; int8 in groups: the MLX 8-bit layout); +lm the lm_head packed too.
+// FORMAT[/gN][+lm][+w8a8]: FORMAT bf16 (or none), fp8, int8, int4; /gN columns per scale group
+// (int4: 32, 64 default, 128, 256; int8 in groups: the MLX 8-bit layout); +lm the lm_head packed
+// too; +w8a8 prompt products with quantized activations (fp8: --fp8-prefill, int8/int4:
+// --int8-prefill).
 struct FormatSpec {
   std::string text;  // as given
   RandomQuant quant;
-  // "fp8 + lm_head", "int4 g128 + lm_head"; dense: `dense`, the backend's weight dtype ("bf16" on CUDA).
+  bool w8a8 = false;
+  // "fp8 + lm_head", "int4 g128 + lm_head, W8A8 prefill"; dense: `dense`, the backend's weight dtype.
   std::string label(const std::string& dense) const;
 };
 FormatSpec parse_format_spec(const std::string& text);

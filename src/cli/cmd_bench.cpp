@@ -118,9 +118,9 @@ Runner setup(CLI::App& app) {
                  "groups is the layout of MLX 8-bit checkpoints")
       ->check(CLI::IsMember({32, 64, 128, 256}));
   app.add_option("--compare", o->compare,
-                 "with --random: batch-1 decode of these weight formats, FORMAT[/gN][+lm] (bf16, fp8, int8, int4; "
-                 "e.g. bf16,fp8+lm,int4/g128+lm), in interleaved rounds on this device, each against the first "
-                 "(docs/benchmarks.md)")
+                 "with --random: batch-1 prefill and decode of these weight formats, FORMAT[/gN][+lm][+w8a8] (bf16, "
+                 "fp8, int8, int4; e.g. bf16,fp8+lm,int4/g128+lm), in interleaved rounds on this device, each against "
+                 "the first (docs/benchmarks.md)")
       ->delimiter(',');
   app.add_option("--rounds", o->rounds, "with --compare: rounds (every format once per round)")
       ->check(CLI::Range(1, 100))
@@ -198,6 +198,9 @@ Runner setup(CLI::App& app) {
                  "bench --compare: the formats are in its list (e.g. int4/g128+lm); drop --quant, --quant-lm-head "
                  "and --quant-group");
       SALA_CHECK(batches_opt->count() == 0, "bench --compare: batch-1 rows only; drop --batches");
+      SALA_CHECK(!o->backend.fp8_prefill && !o->backend.int8_prefill,
+                 "bench --compare: W8A8 prefill is chosen per format in its list (e.g. fp8+w8a8); drop --fp8-prefill "
+                 "and --int8-prefill");
       SALA_CHECK(!o->kernel_trace && !o->speculative_costs.on && o->plot.empty() && o->prefill_reps == 1,
                  "bench --compare: not with --kernel-trace, --speculative-costs, --plot or --prefill-reps");
       if (contexts_opt->count() == 0) contexts = {4096};  // issue #8's targets are at 4K

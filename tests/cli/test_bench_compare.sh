@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # sala bench --compare on the tiny random preset (CPU): every format's rows in the table and the
-# JSON, the first format as the reference of the × column, the rounds interleaved (round 1 of every
-# format before round 2 of any), and clear errors for malformed format specs and conflicting flags.
+# JSON (prefill and decode), the first format as the reference of the × columns, W8A8 prefill per
+# format, the rounds interleaved (round 1 of every format before round 2 of any), and clear errors
+# for malformed format specs and conflicting flags.
 source "$(dirname "$0")/common.sh"
 
-"$SALA" bench --random tiny --backend cpu -t 2 --compare bf16,fp8+lm,int8/g32,int4/g32+lm --contexts 64,96 \
-  --decode-steps 3 --rounds 2 --json "$tmp/c.json" >"$tmp/out" 2>"$tmp/err" || fail "bench --compare: $(cat "$tmp/err")"
-for label in "f32 " "fp8 + lm_head" "int8 g32 " "int4 g32 + lm_head"; do
-  [ "$(grep -c "^$label" "$tmp/out")" = 2 ] || fail "bench --compare: not two rows (contexts 64, 96) of '$label': $(cat "$tmp/out")"
+"$SALA" bench --random tiny --backend cpu -t 2 --compare bf16,fp8+lm,int8/g32,int4/g32+lm+w8a8 --contexts 96,192 \
+  --chunk 96 --decode-steps 3 --rounds 2 --json "$tmp/c.json" >"$tmp/out" 2>"$tmp/err" || fail "bench --compare: $(cat "$tmp/err")"
+for label in "f32 " "fp8 + lm_head " "int8 g32 " "int4 g32 + lm_head, W8A8 prefill"; do
+  [ "$(grep -c "^$label" "$tmp/out")" = 2 ] || fail "bench --compare: not two rows (contexts 96, 192) of '$label': $(cat "$tmp/out")"
 done
 grep -q "× f32" "$tmp/out" || fail "bench --compare: no × column named after the first format"
-[ "$(grep -c '^f32 .* 1\.000x$' "$tmp/out")" = 2 ] || fail "bench --compare: the reference rows are not 1.000x"
+[ "$(grep -c '^f32 .* 1\.000x .* 1\.000x$' "$tmp/out")" = 2 ] || fail "bench --compare: the reference rows are not 1.000x"
+# W8A8 for the int4 row only: the note when its model loads (prompt chunks of 96 rows take it).
+[ "$(grep -c "int8 prefill: on" "$tmp/err")" = 2 ] || fail "bench --compare: +w8a8 not applied once per round"
 # Interleaved: the last format's round 1 comes before the first format's round 2.
 last_r1=$(grep -n "round 1/2  int4 g32 + lm_head" "$tmp/err" | tail -1 | cut -d: -f1)
 first_r2=$(grep -n "round 2/2  f32" "$tmp/err" | head -1 | cut -d: -f1)
@@ -20,14 +23,16 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["rounds"] == 2 and d["reference"] == "f32" and d["backend"] == "cpu", d
 rows = d["rows"]
-assert [r["format"] for r in rows] == ["bf16", "bf16", "fp8+lm", "fp8+lm", "int8/g32", "int8/g32", "int4/g32+lm", "int4/g32+lm"], rows
-assert [r["context"] for r in rows[:2]] == [64, 96]
+assert [r["format"] for r in rows] == ["bf16", "bf16", "fp8+lm", "fp8+lm", "int8/g32", "int8/g32", "int4/g32+lm+w8a8", "int4/g32+lm+w8a8"], rows
+assert [r["context"] for r in rows[:2]] == [96, 192]
 for r in rows:
     assert len(r["ms_per_step_rounds"]) == 2 and all(v > 0 for v in r["ms_per_step_rounds"]), r
     assert r["ms_per_step"] in r["ms_per_step_rounds"]
     base = rows[rows.index(r) % 2]
     assert abs(r["speedup_vs_first"] - base["ms_per_step"] / r["ms_per_step"]) < 1e-9, r
     assert abs(r["decode_tok_s"] - 1e3 / r["ms_per_step"]) < 1e-6, r
+    assert len(r["prefill_tok_s_rounds"]) == 2 and all(v > 0 for v in r["prefill_tok_s_rounds"]), r
+    assert abs(r["prefill_vs_first"] - r["prefill_tok_s"] / base["prefill_tok_s"]) < 1e-9, r
 # Packed weights hold fewer bytes than the dense f32 model's.
 assert rows[6]["weights_bytes"] < rows[2]["weights_bytes"] < rows[0]["weights_bytes"], rows
 PY
@@ -43,11 +48,14 @@ expect_error() {  # MESSAGE-PART ARGS...: the command fails and says MESSAGE-PAR
   if "$SALA" bench "$@" >"$tmp/eo" 2>"$tmp/ee"; then fail "bench $* succeeded"; fi
   grep -qF -- "$want" "$tmp/ee" || fail "bench $*: expected '$want', got: $(cat "$tmp/ee")"
 }
-expect_error "unknown format 'int5' in 'int5'" --random tiny --backend cpu --compare bf16,int5
+expect_error "'int5': unknown format 'int5'" --random tiny --backend cpu --compare bf16,int5
 expect_error "the group is written /gN (e.g. int4/g128), not '/128'" --random tiny --backend cpu --compare int4/128
 expect_error "'int4/g48': group 48 (known: 32, 64, 128, 256)" --random tiny --backend cpu --compare int4/g48
 expect_error "'fp8/g64': fp8 has one scale per row" --random tiny --backend cpu --compare fp8/g64
 expect_error "'bf16+lm': bf16 has no groups" --random tiny --backend cpu --compare bf16+lm
+expect_error "'int4+xx': unknown suffix '+xx'" --random tiny --backend cpu --compare int4+xx
+expect_error "'fp8+lm+lm': '+lm' twice" --random tiny --backend cpu --compare fp8+lm+lm
+expect_error "drop --fp8-prefill and --int8-prefill" --random tiny --backend cpu --compare bf16,fp8 --fp8-prefill
 expect_error "drop --quant, --quant-lm-head and --quant-group" --random tiny --backend cpu --compare bf16,fp8 --quant int4
 expect_error "batch-1 rows only; drop --batches" --random tiny --backend cpu --compare bf16,fp8 --batches 8
 expect_error "give --random PRESET" "$tmp" --backend cpu --compare bf16,fp8
