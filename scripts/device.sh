@@ -145,9 +145,10 @@ fi
 have_bench() { [ -x "$SALA" ] && "$SALA" --help 2>&1 | grep -qE '^[[:space:]]+bench([[:space:]]|$)'; }
 if want quant-bench; then
   if have_bench; then
-    # Issue #8's table: batch-1 decode at 4K of every format against bf16, interleaved rounds.
+    # Issue #8's table: batch-1 prefill and decode at 4K of every format against bf16, interleaved rounds.
     run "quant-compare" "$OUT/quant_bench.log" timeout 400 "$SALA" bench --random 9b --backend cuda \
-      --compare bf16,fp8+lm,int8+lm,int8/g64+lm,int4+lm,int4/g128+lm --contexts 4k --decode-steps 32 --rounds 3 \
+      --compare bf16,fp8+lm,fp8+lm+w8a8,int8+lm,int8+lm+w8a8,int8/g64+lm,int4+lm,int4+lm+w8a8,int4/g128+lm \
+      --contexts 4k --decode-steps 32 --rounds 3 \
       --json "$OUT/quant-compare.json"
     if [ "$LAST_RC" -eq 0 ]; then note "quant-compare" ok "$LAST_DT" "quant-compare.json"; else note "quant-compare" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
     for q in fp8 int8 int4; do
