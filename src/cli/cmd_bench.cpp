@@ -33,8 +33,6 @@
 namespace sala::cli {
 namespace {
 
-using Clock = BenchClock;
-
 struct Ceilings {
   double bandwidth = 0;  // bytes/s, read + write of a large elementwise op
   double matmul = 0;     // FLOP/s of a large square matmul in the backend's activation dtype
@@ -54,7 +52,7 @@ Ceilings measure_ceilings(Backend& b, bool big) {
   std::vector<double> t;
   for (int i = 0; i < 8; ++i) {
     b.synchronize();
-    auto t0 = Clock::now();
+    auto t0 = BenchClock::now();
     b.scale(mx, 1.0f, my);
     b.synchronize();
     if (i >= 2) t.push_back(seconds_since(t0));
@@ -67,7 +65,7 @@ Ceilings measure_ceilings(Backend& b, bool big) {
   t.clear();
   for (int i = 0; i < 6; ++i) {
     b.synchronize();
-    auto t0 = Clock::now();
+    auto t0 = BenchClock::now();
     b.matmul(a, w, out);
     b.synchronize();
     if (i >= 2) t.push_back(seconds_since(t0));
