@@ -10,6 +10,7 @@
 #include "io/safetensors.h"
 #include "model/loader.h"
 #include "model/presets.h"
+#include "model/quant.h"
 #include "model/weights.h"
 
 namespace sala::cli {
@@ -88,8 +89,11 @@ Runner setup(CLI::App& app) {
     std::printf("residual scale %.9f, embedding x%g, logits /%g, lightning scale %.9f\n", c.residual_scale(),
                 c.scale_emb, c.logit_divisor(), c.lightning_qk_scale());
 
-    std::map<std::string, std::pair<int64_t, double>> per_dtype;  // params, bytes
+    std::map<std::string, std::pair<int64_t, double>> per_dtype;  // elements, bytes
     int64_t total = 0;
+    // A quantized checkpoint stores packed codes, scales and biases: its element counts are not the
+    // model's parameters, which are counted from the model's own (dense) shapes instead.
+    const QuantConfig quant = o->preset.empty() ? load_quant_config(resolve_model_dir(o->model)) : QuantConfig{};
     if (ckpt) {
       for (const auto& [name, v] : ckpt->tensors()) {
         auto& e = per_dtype[std::string(dtype_name(v.dtype))];
@@ -101,9 +105,16 @@ Runner setup(CLI::App& app) {
       for (const auto& t : expected_tensors(c)) total += shape_numel(t.shape);
       per_dtype["BF16 (no weights here; as published)"] = {total, 2.0 * double(total)};
     }
+    if (quant.quantized()) {
+      total = 0;
+      for (const auto& t : expected_tensors(c)) total += shape_numel(t.shape);
+      std::printf("quantization: %s\n", describe_quant_config(quant).c_str());
+    }
     std::printf("parameters: %.3f B (%lld)\n", double(total) / 1e9, (long long)total);
+    if (quant.quantized()) std::printf("stored as:\n");
     for (const auto& [dt, e] : per_dtype)
-      std::printf("  %-8s %14lld params  %s\n", dt.c_str(), (long long)e.first, human_bytes(e.second).c_str());
+      std::printf("  %-8s %14lld %s  %s\n", dt.c_str(), (long long)e.first, quant.quantized() ? "elements" : "params",
+                  human_bytes(e.second).c_str());
     if (o->context > 0) print_memory(c, o->context, o->cache_dtype);
     if (o->tensors) {
       for (const auto& t : expected_tensors(c)) {

@@ -105,6 +105,16 @@ json quant_config_json(const QuantConfig& q) {
   }
 }
 
+std::string describe_quant_config(const QuantConfig& q) {
+  switch (q.format) {
+    case QuantFormat::None: return "none";
+    case QuantFormat::MLX: return fmt::format("MLX affine, {}-bit, groups of {}", q.bits, q.group_size);
+    case QuantFormat::INT4:
+      return fmt::format("int4, groups of {}, {}", q.group_size, q.zero_points ? "zero points" : "symmetric");
+    default: return quant_format_name(q.format) + ", one scale per output channel";
+  }
+}
+
 // ---- one matrix ----
 
 DType QuantizedMatrix::data_dtype() const {

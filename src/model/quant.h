@@ -40,6 +40,8 @@ QuantConfig parse_quant_config(const nlohmann::json& config, const std::string& 
 // Reads dir/config.json (None when it has no section or there is no file).
 QuantConfig load_quant_config(const std::filesystem::path& model_dir);
 nlohmann::json quant_config_json(const QuantConfig& q);
+// One line for people: "int4, groups of 64, zero points", "MLX affine, 4-bit, groups of 64".
+std::string describe_quant_config(const QuantConfig& q);
 
 // ---- packing ----
 

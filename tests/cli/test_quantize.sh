@@ -21,8 +21,13 @@ for fmt in fp8 int8 int4; do
   # The matrices stay packed (fp8 -> fp8, int8 -> q8, int4 -> q4) and the loader says so.
   packed=$(case $fmt in fp8) echo "fp8 (per row)";; int8) echo "q8 (per row)";; int4) echo "q4 (group 64)";; esac)
   grep -q "weights on cpu: .*32 $packed" "$tmp/$fmt.err" || fail "$fmt: not loaded packed: $(cat "$tmp/$fmt.err")"
-  "$SALA" info "$tmp/$fmt" >/dev/null || fail "$fmt: info fails"
+  # info: the format, and the model's parameters (not the stored codes' and scales' element counts).
+  info=$("$SALA" info "$tmp/$fmt") || fail "$fmt: info fails"
+  grep -q "^quantization: $fmt" <<<"$info" || fail "$fmt: info has no quantization line: $info"
+  grep -q "^parameters: .*(238336)" <<<"$info" || fail "$fmt: info's parameter count is not the model's: $info"
+  grep -q "^stored as:" <<<"$info" || fail "$fmt: info has no storage breakdown: $info"
 done
+grep -q "^quantization: int4, groups of 64, zero points" <<<"$("$SALA" info "$tmp/int4")" || fail "info: int4 line"
 grep -q '"group_size": 64' "$tmp/int4/config.json" || fail "int4 group not recorded"
 grep -q '"zero_points": true' "$tmp/int4/config.json" || fail "int4 default is not zero points"
 out=$("$SALA" quantize "$tmp/f32" "$tmp/int4sym" --format int4 --symmetric --quiet)

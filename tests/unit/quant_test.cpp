@@ -222,6 +222,14 @@ TEST(QuantConfigParse, Sections) {
   EXPECT_NE(err(json{{"quantization", {{"format", "int4"}}}}).find("quantization.group_size"), std::string::npos);
   EXPECT_NE(err(json{{"quantization", {{"bits", 3}, {"group_size", 64}}}}).find("quantization.bits"),
             std::string::npos);
+  // The line `sala info` prints.
+  EXPECT_EQ(describe_quant_config(parse_quant_config(json{{"quantization", {{"group_size", 32}, {"bits", 4}}}})),
+            "MLX affine, 4-bit, groups of 32");
+  EXPECT_EQ(describe_quant_config(parse_quant_config(
+                json{{"quantization", {{"format", "int4"}, {"group_size", 128}, {"zero_points", false}}}})),
+            "int4, groups of 128, symmetric");
+  EXPECT_EQ(describe_quant_config(parse_quant_config(json{{"quantization", {{"format", "fp8"}}}})),
+            "fp8, one scale per output channel");
 }
 
 // Round trip on the tiny preset: quantize -> load -> logits close to the f32 model's, within the
