@@ -85,6 +85,10 @@ int run_format_comparison(Backend& backend, const CompareOptions& o) {
   SALA_CHECK(!o.formats.empty(), "bench --compare: no formats");
   SALA_CHECK(!o.contexts.empty(), "bench --compare: no contexts");
   SALA_CHECK(o.rounds >= 1, "bench --compare: --rounds must be at least 1, got {}", o.rounds);
+  if (!o.json.empty()) {  // before the run, not after it
+    std::ofstream probe(o.json);
+    SALA_CHECK(probe, "bench --compare: cannot write '{}'", o.json);
+  }
   std::vector<Row> rows;
   for (const auto& f : o.formats)
     for (int64_t ctx : o.contexts) rows.push_back({&f, ctx});

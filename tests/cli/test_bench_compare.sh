@@ -60,6 +60,9 @@ expect_error "drop --quant, --quant-lm-head and --quant-group" --random tiny --b
 expect_error "batch-1 rows only; drop --batches" --random tiny --backend cpu --compare bf16,fp8 --batches 8
 expect_error "give --random PRESET" "$tmp" --backend cpu --compare bf16,fp8
 expect_error "not with --kernel-trace" --random tiny --backend cpu --compare bf16 --kernel-trace
+# An unwritable --json fails before the run (no round printed).
+expect_error "cannot write '$tmp/no/such/dir/c.json'" --random tiny --backend cpu --compare bf16 --json "$tmp/no/such/dir/c.json"
+! grep -q "round 1" "$tmp/ee" || fail "bench --compare: ran before failing on --json"
 # A group the preset's widths cannot take names the tensor (tiny: 64 columns).
 expect_error "lm_head.weight has 64 columns, not a multiple of group 128" --random tiny --backend cpu --compare int4/g128+lm \
   --contexts 64 --decode-steps 1 --rounds 1
