@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+
 namespace sala::cli {
 
 double median(std::vector<double> v) {
@@ -10,6 +12,7 @@ double median(std::vector<double> v) {
 }
 
 double prefill_to(Engine& e, Backend& backend, int seq, int64_t length, int64_t chunk, const TokenSource& token) {
+  SALA_CHECK(chunk > 0, "bench: --chunk must be positive, got {}", chunk);
   double t = 0;
   while (e.length(seq) < length) {
     std::vector<int32_t> part(static_cast<size_t>(std::min(chunk, length - e.length(seq))));

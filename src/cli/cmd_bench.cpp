@@ -128,7 +128,7 @@ Runner setup(CLI::App& app) {
   auto* batches_opt = app.add_option("--batches", o->batches, "batch sizes for batched decode (at --batch-context each)");
   app.add_option("--batch-context", o->batch_context, "context of every sequence in the batched rows (e.g. 4096, 4k)")
       ->capture_default_str();
-  app.add_option("--chunk", o->chunk, "prefill chunk (tokens per forward)");
+  app.add_option("--chunk", o->chunk, "prefill chunk (tokens per forward)")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   app.add_option("--decode-steps", o->decode_steps, "timed decode steps per row (after 2 warm-up steps)");
   app.add_flag("--kernel-trace", o->kernel_trace,
                "CUDA: trace the timed decode steps' kernels (CUPTI) and print, per row, which kernels the step "
