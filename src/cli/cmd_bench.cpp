@@ -129,7 +129,8 @@ Runner setup(CLI::App& app) {
   app.add_option("--batch-context", o->batch_context, "context of every sequence in the batched rows (e.g. 4096, 4k)")
       ->capture_default_str();
   app.add_option("--chunk", o->chunk, "prefill chunk (tokens per forward)")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
-  app.add_option("--decode-steps", o->decode_steps, "timed decode steps per row (after 2 warm-up steps)");
+  app.add_option("--decode-steps", o->decode_steps, "timed decode steps per row (after 2 warm-up steps)")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_flag("--kernel-trace", o->kernel_trace,
                "CUDA: trace the timed decode steps' kernels (CUPTI) and print, per row, which kernels the step "
                "waits on (engine/kernel_timeline.h); the rows are then timed with the trace on");

@@ -61,6 +61,7 @@ expect_error "batch-1 rows only; drop --batches" --random tiny --backend cpu --c
 expect_error "give --random PRESET" "$tmp" --backend cpu --compare bf16,fp8
 expect_error "not with --kernel-trace" --random tiny --backend cpu --compare bf16 --kernel-trace
 expect_error "--chunk: Value 0 not in range 1 to 16777216" --random tiny --backend cpu --compare bf16 --chunk 0
+expect_error "--decode-steps: Value 0 not in range 1 to 1048576" --random tiny --backend cpu --compare bf16 --decode-steps 0
 # An unwritable --json fails before the run (no round printed).
 expect_error "cannot write '$tmp/no/such/dir/c.json'" --random tiny --backend cpu --compare bf16 --json "$tmp/no/such/dir/c.json"
 ! grep -q "round 1" "$tmp/ee" || fail "bench --compare: ran before failing on --json"
