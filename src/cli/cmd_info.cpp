@@ -55,6 +55,7 @@ Runner setup(CLI::App& app) {
     SALA_CHECK(o->model.empty() != o->preset.empty(), "info: give a MODEL directory or --preset");
     ModelConfig c;
     std::unique_ptr<Checkpoint> ckpt;
+    QuantConfig quant;
     std::string where;
     if (!o->preset.empty()) {
       c = preset_config(o->preset);
@@ -62,6 +63,7 @@ Runner setup(CLI::App& app) {
     } else {
       auto dir = resolve_model_dir(o->model);
       c = ModelConfig::load(dir / "config.json");
+      quant = load_quant_config(dir);
       where = dir.string();
       bool has_weights = false;
       for (auto& e : std::filesystem::directory_iterator(dir))
@@ -90,26 +92,22 @@ Runner setup(CLI::App& app) {
                 c.scale_emb, c.logit_divisor(), c.lightning_qk_scale());
 
     std::map<std::string, std::pair<int64_t, double>> per_dtype;  // elements, bytes
-    int64_t total = 0;
-    // A quantized checkpoint stores packed codes, scales and biases: its element counts are not the
-    // model's parameters, which are counted from the model's own (dense) shapes instead.
-    const QuantConfig quant = o->preset.empty() ? load_quant_config(resolve_model_dir(o->model)) : QuantConfig{};
+    int64_t model_params = 0, stored = 0;
+    for (const auto& t : expected_tensors(c)) model_params += shape_numel(t.shape);
     if (ckpt) {
       for (const auto& [name, v] : ckpt->tensors()) {
         auto& e = per_dtype[std::string(dtype_name(v.dtype))];
         e.first += v.numel();
         e.second += double(v.nbytes());
-        total += v.numel();
+        stored += v.numel();
       }
     } else {
-      for (const auto& t : expected_tensors(c)) total += shape_numel(t.shape);
-      per_dtype["BF16 (no weights here; as published)"] = {total, 2.0 * double(total)};
+      per_dtype["BF16 (no weights here; as published)"] = {model_params, 2.0 * double(model_params)};
     }
-    if (quant.quantized()) {
-      total = 0;
-      for (const auto& t : expected_tensors(c)) total += shape_numel(t.shape);
-      std::printf("quantization: %s\n", describe_quant_config(quant).c_str());
-    }
+    // A quantized checkpoint stores packed codes, scales and biases: its element counts are not the
+    // model's parameters, which come from the model's own (dense) shapes instead.
+    const int64_t total = ckpt && !quant.quantized() ? stored : model_params;
+    if (quant.quantized()) std::printf("quantization: %s\n", describe_quant_config(quant).c_str());
     std::printf("parameters: %.3f B (%lld)\n", double(total) / 1e9, (long long)total);
     if (quant.quantized()) std::printf("stored as:\n");
     for (const auto& [dt, e] : per_dtype)

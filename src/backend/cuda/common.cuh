@@ -132,7 +132,6 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t& r0, uint32_t& r1, uint32_t& 
 // theirs (bench/results/2026-11-27-h100-evict-first.md). Non-volatile asm: the policy is made
 // once per kernel (a common subexpression) and the loads are scheduled like __ldg.
 #ifdef SALA_PRE_SM80
-__device__ __forceinline__ uint64_t l2_evict_first() { return 0; }
 __device__ __forceinline__ uint4 ld_weight(const uint4* p) { return __ldg(p); }
 #else
 __device__ __forceinline__ uint64_t l2_evict_first() {

@@ -44,6 +44,7 @@
 // resident: its weights then stream in while this grid's last CTAs drain.
 #include <algorithm>
 #include <cstdlib>
+#include <type_traits>
 
 #include "core/rng.h"
 #include "backend/cuda/common.cuh"
@@ -996,8 +997,11 @@ void qgemv_cfg(const QArgs& a) {
 // (bench/results/2026-11-26-h100-int4-groups.md).
 template <int FMT, int TG>
 constexpr bool kTileGroupShapes = (FMT == kQ4 && TG != 0) || (FMT == kQ8 && TG == 1);
-template <int FMT, int TG, bool XH, bool ACT = false>
+template <int FMT, int TG, bool ACT = false, bool XH = false>
 void qgemv_tile_groups(const QArgs& a) {
+  if constexpr (FMT == kQ8 && !XH) {
+    if (xh_fits(a)) return qgemv_tile_groups<FMT, TG, ACT, true>(a);
+  }
   if constexpr (ACT) {  // the shape the unfused pair takes (2 × 16384 rows): the same sums
     qgemv_cfg<FMT, 1, 2, 2, 4, 4, false, false, TG, XH, true, true>(a);
   } else {
@@ -1087,12 +1091,7 @@ void qgemv_small(const QArgs& a, int warps) {
   // Grouped formats: the group parameters in shared memory (SP) unless SALA_CUDA_QGEMV_SP=0.
   if constexpr (!PR) {
     if (params_in_smem()) {
-      if constexpr (kTileGroupShapes<FMT, TG>) {
-        if constexpr (FMT == kQ8) {
-          if (xh_fits(a)) return qgemv_tile_groups<FMT, TG, true>(a);
-        }
-        return qgemv_tile_groups<FMT, TG, false>(a);
-      }
+      if constexpr (kTileGroupShapes<FMT, TG>) return qgemv_tile_groups<FMT, TG>(a);
       if (a.rows > 16384) return qgemv_cfg<FMT, 1, 1, 4, 4, 1, PR, false, TG, false, true>(a);
       return qgemv_cfg<FMT, 1, 1, 4, 8, 1, PR, false, TG, false, true>(a);
     }
@@ -1115,26 +1114,29 @@ void qgemv_act_f(const QArgs& a) {
     if (xh_fits(a)) return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, true, false, true>(a);
     return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, false, false, true>(a);
   } else if constexpr (!PR && kTileGroupShapes<FMT, TG>) {
-    if (params_in_smem()) {
-      if constexpr (FMT == kQ8) {
-        if (xh_fits(a)) return qgemv_tile_groups<FMT, TG, true, true>(a);
-      }
-      return qgemv_tile_groups<FMT, TG, false, true>(a);
-    }
+    if (params_in_smem()) return qgemv_tile_groups<FMT, TG, true>(a);
   }
   return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, false, !PR, true>(a);
 }
 
+// Calls f(PR, TG) with the weight's grouping as compile-time constants: per row (PR), or how its
+// groups lie in tiles (tile_groups; int4's two groups per tile only for Q4).
+template <int FMT, class F>
+void with_grouping(const QWeight& w, F&& f) {
+  using PR = std::true_type;
+  using Grouped = std::false_type;
+  if (w.group == w.in) return f(PR{}, std::integral_constant<int, 0>{});
+  const int tg = tile_groups(FMT, w.group);
+  if (tg == 1) return f(Grouped{}, std::integral_constant<int, 1>{});
+  if constexpr (FMT == kQ4) {
+    if (tg == 2) return f(Grouped{}, std::integral_constant<int, 2>{});
+  }
+  f(Grouped{}, std::integral_constant<int, 0>{});
+}
+
 template <int FMT>
 void qgemv_act(const QArgs& a) {
-  const QWeight& w = a.set.part[0].w;
-  if (w.group == w.in) return qgemv_act_f<FMT, true, 0>(a);
-  const int tg = tile_groups(FMT, w.group);
-  if (tg == 1) return qgemv_act_f<FMT, false, 1>(a);
-  if constexpr (FMT == kQ4) {
-    if (tg == 2) return qgemv_act_f<FMT, false, 2>(a);
-  }
-  return qgemv_act_f<FMT, false, 0>(a);
+  with_grouping<FMT>(a.set.part[0].w, [&](auto pr, auto tg) { qgemv_act_f<FMT, pr(), tg()>(a); });
 }
 
 // The row-split batched kernel (qgemv_batch_kernel) for 9–32 rows: per-row formats or tile groups,
@@ -1210,14 +1212,8 @@ bool qgemv_batch(const QArgs& a) {
 template <int FMT>
 void qgemv_f(const QArgs& a, int warps) {
   if (a.N <= 8) {
-    const QWeight& w = a.set.part[0].w;  // format, in and group: the same for every part
-    if (w.group == w.in) return qgemv_small<FMT, true, 0>(a, warps);
-    const int tg = tile_groups(FMT, w.group);
-    if (tg == 1) return qgemv_small<FMT, false, 1>(a, warps);
-    if constexpr (FMT == kQ4) {
-      if (tg == 2) return qgemv_small<FMT, false, 2>(a, warps);
-    }
-    return qgemv_small<FMT, false, 0>(a, warps);
+    // format, in and group: the same for every part
+    return with_grouping<FMT>(a.set.part[0].w, [&](auto pr, auto tg) { qgemv_small<FMT, pr(), tg()>(a, warps); });
   }
   // N > 8: one decode of each A fragment feeds 2 or 4 n-tiles. Two row blocks per CTA share the
   // x fragments (x bytes per code byte: 2·N / (16·R) for Q4's 4 mmas per 16-byte piece).
