@@ -24,6 +24,7 @@ namespace sala::cuda {
 void set_qgemv_tuning(int nt_variant, bool trigger);  // quant_gemv.cu (tests and benchmarks)
 void set_qgemv_small_variant(int v);
 void run_sync_latency_bench();  // sync_latency.cu
+void run_stream_floor_bench();  // stream_floor.cu
 void launch_read_tiles(const void* buf, int64_t bytes, int ctas, int stages, uint32_t* sink, cudaStream_t st);  // read_rate.cu
 }
 
@@ -143,6 +144,13 @@ int run_bench(int argc, char** argv) {
   const bool sync_only = !all_sections && std::strcmp(only_env, "sync-latency") == 0;
   if (all_sections || sync_only) sala::cuda::run_sync_latency_bench();
   if (sync_only) return 0;
+
+  // SALA_BENCH_ONLY=stream-floor: one token's weight bytes streamed with the step's dependencies,
+  // per product launch or in one persistent grid (stream_floor.cu).
+  if (!all_sections && std::strcmp(only_env, "stream-floor") == 0) {
+    sala::cuda::run_stream_floor_bench();
+    return 0;
+  }
 
   // SALA_BENCH_ONLY=read-rate: the decode products' bytes streamed by loads alone, by schedule
   // (read_rate.cu), beside the products themselves on the same bytes (fp8 and bf16), rotating over
