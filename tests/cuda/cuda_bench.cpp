@@ -25,6 +25,7 @@ void set_qgemv_tuning(int nt_variant, bool trigger);  // quant_gemv.cu (tests an
 void set_qgemv_small_variant(int v);
 void run_sync_latency_bench();  // sync_latency.cu
 void run_stream_floor_bench();  // stream_floor.cu
+void set_qgemv_ring(int mode, int pre);  // quant_gemv_ring.cu
 void launch_read_tiles(const void* buf, int64_t bytes, int ctas, int stages, uint32_t* sink, cudaStream_t st);  // read_rate.cu
 }
 
@@ -214,6 +215,49 @@ int run_bench(int argc, char** argv) {
       });
       std::printf("product %-26s %8.2f us %7.1f GB/s (%lld MiB)\n", p.name, us, rate(wbytes, us),
                   (long long)(wbytes >> 20));
+    }
+    return 0;
+  }
+
+  // SALA_BENCH_ONLY=ring: the int4 g128 decode products of the 9B step alone (N = 1), on the
+  // register GEMV, the bulk-copy ring GEMV, and the ring's loads without the decode; rotating over
+  // copies that L2 cannot hold.
+  if (!all_sections && std::strcmp(only_env, "ring") == 0) {
+    auto rate = [](int64_t bytes, double us) { return double(bytes) / (us * 1e-6) / 1e9; };
+    auto xb = be.alloc(16384 * 2);
+    auto xh = host_rand(16384, 1.f, 5);
+    struct P {
+      const char* name;
+      bool act;
+      int64_t out, in;
+    };
+    // The last two: one copy, read from L2 after the first call — what the decode costs when the
+    // bytes are there.
+    for (P p : {P{"gate/up + silu*mul 2x16384x4096", true, 16384, 4096}, P{"16384x4096 (q/k/v/z)", false, 16384, 4096},
+                P{"4096x16384 (down)", false, 4096, 16384}, P{"4096x4096 (o_proj)", false, 4096, 4096},
+                P{"8704x4096 (sparse q/k/v/g)", false, 8704, 4096}, P{"73448x4096 (lm_head)", false, 73448, 4096},
+                P{"4096x4096 from L2", false, 4096, 4096}, P{"8704x4096 from L2", false, 8704, 4096}}) {
+      const int parts = p.act ? 2 : 1;
+      const int64_t wbytes = p.out * p.in * 9 / 16 * parts;  // 0.5 B codes + f32 scale and bias per 128 columns
+      const bool from_l2 = std::strstr(p.name, "L2") != nullptr;
+      const int copies = from_l2 ? 1 : int(std::max<int64_t>(2, (int64_t(512) << 20) / wbytes));
+      std::vector<Weight> ws;
+      for (int c = 0; c < copies * parts; ++c) ws.push_back(be.random_quantized_weight(WeightFormat::Q4, p.out, p.in, 128, 0.02f, 11 + c));
+      Mat x = xb->mat(DType::BF16, 1, p.in);
+      be.upload(x, xh.data());
+      auto gb = be.alloc(size_t(p.out) * 2), ub = be.alloc(size_t(p.out) * 2), ab = be.alloc(size_t(p.out) * 2);
+      Mat g = gb->mat(DType::BF16, 1, p.out), u = ub->mat(DType::BF16, 1, p.out), a = ab->mat(DType::BF16, 1, p.out);
+      for (int mode : {0, 1, 2}) {
+        sala::cuda::set_qgemv_ring(mode, -1);
+        const double us = time_us(be, 20, [&](int i) {
+          const size_t k = size_t(i % copies) * size_t(parts);
+          if (p.act) be.matmul_silu_mul(x, ws[k], ws[k + 1], g, u, a);
+          else be.matmul(x, ws[k], g);
+        });
+        std::printf("int4 g128 %-32s %-22s %8.2f us %7.1f GB/s\n", p.name,
+                    mode == 0 ? "register GEMV" : mode == 1 ? "ring GEMV" : "ring, loads only", us, rate(wbytes, us));
+      }
+      sala::cuda::set_qgemv_ring(1, -1);
     }
     return 0;
   }

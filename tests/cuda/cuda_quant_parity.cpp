@@ -23,6 +23,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/quant_gemv_ring.h"
 #include "backend/quant_layout.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -442,6 +443,92 @@ void test_qgemv_prefetch(CpuBackend& cpu, CudaBackend& gpu) {
   }
 }
 
+// The int4 one-row GEMV fed through a shared-memory ring (quant_gemv_ring.cu): where it applies
+// (columns a multiple of 2048, groups of 64..2048 dividing 2048), against the CPU and the register
+// GEMV it replaces (set_qgemv_ring(0)); with 0, 2 (default) and all chunks requested before the
+// dependency wait; rows that end mid row block (1000, 4100); grouped parts (units across parts)
+// bit for bit the per-part launches; the fused gate/up + silu·mul bit for bit the unfused pair.
+void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
+  struct Shape {
+    int64_t out, in, group;
+  };
+  for (const Shape& sh : {Shape{1000, 2048, 64}, Shape{4096, 4096, 128}, Shape{24, 4096, 2048}, Shape{4100, 8192, 256},
+                          Shape{300, 16384, 128}, Shape{4096, 16384, 64}}) {
+    const PackedMatrix pm = random_packed(WeightFormat::Q4, sh.out, sh.in, sh.group, 501 + uint64_t(sh.out));
+    const Weight wc = cpu.load_quantized_weight(pm.view(), "int4"), wg = gpu.load_quantized_weight(pm.view(), "int4");
+    cuda::QGemvSet set{};
+    set.part[0] = {CudaBackend::qweight(wg), nullptr, 0};
+    set.count = 1;
+    const bool applies = cuda::qgemv_ring_applies(set, 1) && !cuda::qgemv_ring_applies(set, 2);
+    const auto x = randn(size_t(sh.in), 502 + uint64_t(sh.in));
+    const auto ref = run_matmul(cpu, wc, x, 1, DType::F32, DType::F32);
+    double worst = 0, worst16 = 0;
+    for (int pre : {0, 2, 1000}) {
+      cuda::set_qgemv_ring(1, pre);
+      worst = std::max(worst, rel_err(run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32), ref));
+      worst16 = std::max(worst16, rel_err(run_matmul(gpu, wg, x, 1, DType::BF16, DType::BF16), ref));
+    }
+    cuda::set_qgemv_ring(1, 2);
+    const auto ring = run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32);
+    cuda::set_qgemv_ring(0, -1);
+    const auto reg = run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32);
+    cuda::set_qgemv_ring(1, -1);
+    const double vs_reg = rel_err(ring, reg);
+    check(applies && worst < 5e-5 && worst16 < 1e-2 && vs_reg < 5e-5,
+          strf("int4 ring GEMV %lldx%lld g%lld", (long long)sh.out, (long long)sh.in, (long long)sh.group),
+          strf("%s; rel f32 %.2e bf16 %.2e; vs register GEMV %.2e", applies ? "ring taken" : "RING NOT TAKEN", worst,
+               worst16, vs_reg));
+  }
+  {  // not taken: columns not a multiple of 2048, groups of 32
+    const PackedMatrix a = random_packed(WeightFormat::Q4, 64, 1024, 64, 511), b = random_packed(WeightFormat::Q4, 64, 4096, 32, 512);
+    const Weight wa = gpu.load_quantized_weight(a.view(), "int4"), wb = gpu.load_quantized_weight(b.view(), "int4");
+    cuda::QGemvSet sa{}, sb{};
+    sa.part[0] = {CudaBackend::qweight(wa), nullptr, 0}, sa.count = 1;
+    sb.part[0] = {CudaBackend::qweight(wb), nullptr, 0}, sb.count = 1;
+    check(!cuda::qgemv_ring_applies(sa, 1) && !cuda::qgemv_ring_applies(sb, 1), "int4 ring GEMV: 1024 columns, group 32",
+          "register GEMV");
+  }
+  // Grouped parts (q/k/v/z-like) and the MLP pair.
+  const int64_t in = 4096;
+  std::vector<Weight> wc, wg;
+  const int64_t outs[] = {2048, 256, 264, 2048};
+  for (size_t i = 0; i < 4; ++i) {
+    const PackedMatrix pm = random_packed(WeightFormat::Q4, outs[i], in, 128, 521 + i);
+    wc.push_back(cpu.load_quantized_weight(pm.view(), "int4"));
+    wg.push_back(gpu.load_quantized_weight(pm.view(), "int4"));
+  }
+  const auto x = randn(size_t(in), 530);
+  const GroupRun r = run_group(gpu, wg, x, 1, DType::BF16, DType::F32);
+  double worst = 0;
+  for (size_t i = 0; i < wc.size(); ++i) worst = std::max(worst, rel_err(r.grouped[i], run_matmul(cpu, wc[i], x, 1, DType::F32, DType::F32)));
+  check(r.grouped == r.single && worst < 5e-5, "int4 ring GEMV grouped parts 2048,256,264,2048",
+        strf("rel %.2e; %s", worst, r.grouped == r.single ? "equal to per-part matmul" : "DIFFERS from per-part matmul"));
+  for (int64_t out : {int64_t(1000), int64_t(4608)}) {
+    auto run = [&](Backend& b, const Weight& g0, const Weight& u0, DType dt, bool unfused) {
+      auto xb = b.alloc(size_t(in) * dtype_size(dt) + 16), gb = b.alloc(size_t(out) * dtype_size(dt) + 16),
+           ub = b.alloc(size_t(out) * dtype_size(dt) + 16), ab = b.alloc(size_t(out) * dtype_size(dt) + 16);
+      Mat xm = xb->mat(dt, 1, in), g = gb->mat(dt, 1, out), u = ub->mat(dt, 1, out), act = ab->mat(dt, 1, out);
+      b.upload(xm, x.data());
+      std::vector<float> y(size_t(out), std::nanf(""));
+      b.upload(act, y.data());
+      if (unfused)
+        b.Backend::matmul_silu_mul(xm, g0, u0, g, u, act);
+      else
+        b.matmul_silu_mul(xm, g0, u0, g, u, act);
+      b.download(act, y.data());
+      return y;
+    };
+    const PackedMatrix pg = random_packed(WeightFormat::Q4, out, in, 128, 541), pu = random_packed(WeightFormat::Q4, out, in, 128, 542);
+    const Weight gc = cpu.load_quantized_weight(pg.view(), "int4"), uc = cpu.load_quantized_weight(pu.view(), "int4");
+    const Weight gg = gpu.load_quantized_weight(pg.view(), "int4"), ug = gpu.load_quantized_weight(pu.view(), "int4");
+    const auto ref = run(cpu, gc, uc, DType::F32, false);
+    const auto fused = run(gpu, gg, ug, DType::BF16, false), unfused = run(gpu, gg, ug, DType::BF16, true);
+    const double e = rel_err(fused, ref);
+    check(e < 1e-2 && fused == unfused, strf("int4 ring GEMV gate/up + silu*mul 2x%lld", (long long)out),
+          strf("rel %.2e; %s", e, fused == unfused ? "equal to ring GEMV + silu_mul" : "DIFFERS from ring GEMV + silu_mul"));
+  }
+}
+
 // Symmetric int8 (every bias −128·scale, as `sala quantize --format int8` writes it) takes the
 // GEMV's decode of q − 128 without the Σx term (quant_gemv.cu kQ8S); the same codes with biases
 // half a step off (−127.5·scale) keep the general Q8 decode. Both against the CPU at N = 1 (x
@@ -826,6 +913,7 @@ void test_quant_parity(int& pass, int& fail) {
     test_qgemm(cpu, gpu);
     test_matmul_group(cpu, gpu);
     test_qgemv_prefetch(cpu, gpu);
+    test_qgemv_ring(cpu, gpu);
     test_q8_symmetric(cpu, gpu);
     test_matmul_silu_mul(cpu, gpu);
     test_fp8_prefill(cpu, gpu);

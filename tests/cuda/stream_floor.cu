@@ -152,9 +152,9 @@ void run_stream_floor_bench() {
   SALA_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   struct Format {
     const char* name;
-    double bpe;  // bytes per weight element: codes plus scales (int4 g128: f16 scale and bias per 128)
+    double bpe;  // bytes per weight element: codes plus scales (int4 g128: f32 scale and bias per 128, as stored)
   };
-  const Format formats[] = {{"bf16", 2.0}, {"fp8", 1.0}, {"int4 g128", 0.5 + 4.0 / 128}};
+  const Format formats[] = {{"bf16", 2.0}, {"fp8", 1.0}, {"int4 g128", 0.5 + 8.0 / 128}};
   const std::vector<int64_t> largest = step_chunks(2.0);
   const size_t bytes = size_t(largest.back()) * kChunk;
   uint8_t* w = nullptr;

@@ -88,6 +88,17 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32
 #endif
 }
 
+// The same with f16 operands (x staged as f16: the packed GEMVs' XH paths).
+__device__ __forceinline__ void mma16816_f16(float c[4], const uint32_t a[4], uint2 b) {
+#ifdef SALA_PRE_SM80
+  __trap();
+#else
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+#endif
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

@@ -49,6 +49,7 @@
 #include "core/rng.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/quant_decode.cuh"
+#include "backend/cuda/quant_gemv_ring.h"
 #include "backend/quant_layout.h"
 
 namespace sala::cuda {
@@ -109,14 +110,6 @@ __device__ __forceinline__ uint32_t fp8x2_bf16x2(uint32_t word, int h) {
 
 // The A fragment (a0: row g k0,k1; a1: row g+8 k0,k1; a2: row g k2,k3; a3: row g+8 k2,k3) of
 // mma j from a lane's 16-byte piece.
-// (w & 0x000F000F) | bits in one lop3: C++ spelling of it compiled to two (a lop3 encodes one
-// immediate, and ptxas kept both constants immediate), which with the shifts made the Q4 decode
-// three instructions per pair instead of two (Nsight Compute: ~150 instructions per tile).
-__device__ __forceinline__ uint32_t nibbles_or(uint32_t w, uint32_t bits) {
-  uint32_t r;
-  asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xea;\n" : "=r"(r) : "r"(w), "r"(bits));  // (a & b) | c
-  return r;
-}
 
 template <int FMT>
 __device__ __forceinline__ void decode_a(const uint4& c, int j, uint32_t a[4]) {
@@ -195,16 +188,6 @@ __device__ __forceinline__ void decode_a_f16(const uint4& c, int j, uint32_t a[4
 #endif
     a[0] = f8x2(wg, 0), a[1] = f8x2(wg8, 0), a[2] = f8x2(wg, 1), a[3] = f8x2(wg8, 1);
   }
-}
-
-__device__ __forceinline__ void mma16816_f16(float c[4], const uint32_t a[4], uint2 b) {
-#ifdef SALA_PRE_SM80
-  __trap();
-#else
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
-#endif
 }
 
 // The A fragment and the mma of a launch: f16 when x is staged as f16 (XH), bf16 otherwise.
@@ -1287,6 +1270,12 @@ void launch_qgemv_set(const QGemvSet& set, const void* x, int64_t ldx, Dt dty, i
   SALA_CUDA_REQUIRE(w.group == w.in || w.group % 16 == 0, "qgemv: group size must be a multiple of 16");
   SALA_CUDA_REQUIRE(w.in < (int64_t(1) << 30) && ldx < (int64_t(1) << 31), "qgemv: dimensions too large");
   if (warps != 4 && warps != 8 && warps != 16) warps = 0;  // automatic launch shape (qgemv_f)
+  // int4 at one row: the bulk-copy ring GEMV (quant_gemv_ring.cu) unless a launch shape is forced.
+  if (warps == 0 && g_small_variant == 0 && g_nt_variant == 0 && qgemv_ring_applies(set, N)) {
+    launch_qgemv_ring(set, x, dty == kF32, g_trigger, pdl, st);
+    SALA_CUDA_LAUNCH("qgemv ring kernel");
+    return;
+  }
   const QArgs a{set, rows, x, ldx, dty, N, pdl, st, split_ws, split_ws_floats};
   switch (w.fmt) {
     case kFP8: qgemv_f<kFP8>(a, warps); break;
@@ -1318,6 +1307,11 @@ void launch_qgemv_act(const QWeight& gate, const QWeight& up, const void* x, int
   set.part[0] = {gate, act, ldact};
   set.part[1] = {up, nullptr, 0};
   set.count = 2;
+  if (g_small_variant == 0 && qgemv_ring_applies(set, N)) {  // as launch_qgemv_set: the same sums
+    launch_qgemv_ring_act(gate, up, x, act, g_trigger, pdl, st);
+    SALA_CUDA_LAUNCH("qgemv ring act kernel");
+    return;
+  }
   const QArgs a{set, gate.out + up.out, x, ldx, kBF16, N, pdl, st};
   switch (gate.fmt) {
     case kFP8: qgemv_act<kFP8>(a); break;

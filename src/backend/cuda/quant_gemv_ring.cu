@@ -1,0 +1,323 @@
+// The int4 decode GEMV at one row fed by the bulk copy engine (sm_90): one CTA per SM streams its
+// share of the product's row blocks through a shared-memory ring of 16 KB code chunks, each with
+// its groups' scales and biases, and eight warps decode from there.
+//
+// Why (bench/results/2026-11-27-h100-stream-floor.md): a 9B token's int4 g128 weights streamed
+// this way with nothing but loads take 1.66 ms per token (2.94 TB/s) over the 129 products in
+// step order, one launch each, where the register-staged GEMV (quant_gemv.cu) moves its products
+// at ~2.5 TB/s (2.06 ms in the int4 g128 step's timeline): int4's products are 9–75 MB, and a
+// product that small is held by the bytes a CTA can keep in flight (register stages: ~80 KB per
+// SM; the ring: up to 200 KB, issued by one thread without occupying the decoding warps).
+//
+// Speed of light, H100 (3.35 TB/s peak, ~3.0 reachable by a read): int4 g128 is 0.53 B per weight
+// (codes 0.5 + f16 scale and bias per 128); 4096×16384 = 35.7 MB → 12 µs, 2×16384×4096 (gate/up)
+// = 71 MB → 24 µs.
+//
+// Layout (quant_layout.h): a row block's tiles are contiguous (ktiles × 512 B) and so are its
+// group parameters (groups × 8 float4), so a chunk of 32 tiles (2048 columns) is one bulk copy of
+// codes and one of the 2048/group groups' parameters. A CTA takes the units [U·c/C, U·(c+1)/C)
+// (a unit: one row block of one part; with ACT the gate's and the up's row block). Its producer
+// (one thread of a ninth warp) fills the ring in unit order — the first `pre` chunks before the
+// dependency wait (weights never depend on the previous kernel; more would compete with the small
+// kernels before this one for memory) — and each of 16 consumer warps takes 2 tiles of every
+// chunk — x staged as f16, the codes made f16 where they lie (1024 + q, 1024 + 16·q: 5
+// instructions per 8 codes against the register GEMV's 7), mma.m16n8k16 in f16, flushed per tile
+// with the offsets folded into its group's scale and bias, Σx of each tile computed once per CTA
+// instead of by a second mma per step — and frees the chunk on its "empty" mbarrier. At a unit's end the warps' sums
+// meet in shared memory (double-buffered: one barrier per unit).
+#include <algorithm>
+#include <cstdlib>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/quant_decode.cuh"
+#include "backend/cuda/quant_gemv_ring.h"
+
+namespace sala::cuda {
+
+namespace {
+
+using namespace qlayout;
+
+constexpr int kRingWarps = 16;  // consumers; warp kRingWarps is the producer
+constexpr int kRingThreads = (kRingWarps + 1) * 32;
+constexpr int kChunkTiles = 32;  // 16 KB
+constexpr int kWarpTiles = kChunkTiles / kRingWarps;  // each consumer warp's tiles of a chunk
+constexpr int kChunkCodeBytes = kChunkTiles * kTileBytes;
+constexpr int kChunkCols = kChunkTiles * 64;  // Q4 tiles are 64 columns wide
+constexpr int kMaxParamBytes = kChunkCols / 64 * 128;  // groups of 64: 32 groups × 8 float4
+constexpr int kSlotBytes = kChunkCodeBytes + kMaxParamBytes;
+constexpr int kMaxSlots = 10;
+constexpr int kMaxIn = 16384;  // x staged in shared memory as bf16 (32 KB)
+constexpr size_t kSmemLimit = 222 * 1024;  // dynamic: 227 KB per CTA less the static reduction buffer
+
+struct RingArgs {
+  QGemvSet set;       // first[]: first unit of each part (ACT: gate and up, units = row blocks)
+  const bf16* x;      // [1, in]
+  int units, slots, pre, y_f32, trigger;
+};
+
+__device__ __forceinline__ void mbar_arrive_one(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// (w & MASK) | bits in one lop3 (the C++ spelling compiles to two; see nibbles_or).
+template <uint32_t MASK>
+__device__ __forceinline__ uint32_t and_or(uint32_t w, uint32_t bits) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(r) : "r"(w), "n"(MASK), "r"(bits));
+  return r;
+}
+// x is staged as f16 times kXh: exact for 2^-10 ≤ |x| < 2^20 (bf16's 8 significant bits in f16),
+// smaller values round by ≤ 2^-25 absolute — as the register GEMV's XH path.
+constexpr float kXh = 1.f / 16.f;
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kRingWarps * 32) : "memory");
+}
+
+// The weight and row block of unit u's r-th row block.
+template <bool ACT>
+__device__ __forceinline__ void unit_block(const QGemvSet& s, int u, int r, int* part, int* rb) {
+  if constexpr (ACT) {
+    *part = r, *rb = u;
+  } else {
+    int p = 0;
+#pragma unroll
+    for (int i = 1; i < kGemvMaxParts; ++i) p += i < s.count && unsigned(u) >= s.first[i];
+    *part = p, *rb = u - int(s.first[p]);
+  }
+}
+
+// LOADS_ONLY (benchmarks: set_qgemv_ring(2, ...)): the consumers only read the codes, no decode
+// or mma (the outputs are wrong) — what the ring moves without the arithmetic.
+template <bool ACT, bool LOADS_ONLY = false>
+__global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int R = ACT ? 2 : 1;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ float red[2][R][kRingWarps][16];
+  const QGemvSet& set = a.set;
+  const int in = int(set.part[0].w.in), G = int(set.part[0].w.group);
+  const int ktiles = in / 64, groups = in / G, cpr = in / kChunkCols, pbytes = kChunkCols / G * 128;
+  const int gshift = __ffs(G) - 1;  // G is a power of two (it divides 2048)
+  const int slots = a.slots;
+  uint8_t* const ring = smem;
+  uint2* const xs = reinterpret_cast<uint2*>(smem + size_t(slots) * kSlotBytes);  // x[4i .. 4i + 3]
+  float* const tsum = reinterpret_cast<float*>(smem + size_t(slots) * kSlotBytes + size_t(in) * 2);  // Σx per tile
+  const uint32_t full = smem_addr(tsum + ktiles), empty = full + 8 * slots;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const int u0 = int(int64_t(a.units) * blockIdx.x / gridDim.x), u1 = int(int64_t(a.units) * (blockIdx.x + 1) / gridDim.x);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < slots; ++s) {
+      mbar_init(full + 8 * s, 1);
+      mbar_init(empty + 8 * s, kRingWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (a.trigger) launch_dependents();
+
+  if (warp == kRingWarps) {  // the producer
+    if (lane != 0) return;
+    int it = 0, s = 0;
+    uint32_t phase = 0;  // of the slot's "empty" barrier to wait for, once the ring has gone round
+    for (int u = u0; u < u1; ++u)
+      for (int r = 0; r < R; ++r) {
+        int part, rb;
+        unit_block<ACT>(set, u, r, &part, &rb);
+        const QWeight& w = set.part[part].w;
+        const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + size_t(rb) * size_t(ktiles) * kTileBytes;
+        const uint8_t* params = reinterpret_cast<const uint8_t*>(w.params) + size_t(rb) * size_t(groups) * 128;
+        for (int cc = 0; cc < cpr; ++cc, ++it) {
+          if (it == a.pre) grid_dep_wait();  // the rest once the kernels before have finished
+          if (it >= slots) mbar_wait(empty + 8 * s, phase);
+          uint8_t* slot = ring + size_t(s) * kSlotBytes;
+          mbar_arrive_expect_tx(full + 8 * s, uint32_t(kChunkCodeBytes + pbytes));
+          bulk_load(smem_addr(slot), codes + size_t(cc) * kChunkCodeBytes, kChunkCodeBytes, full + 8 * s);
+          bulk_load(smem_addr(slot + kChunkCodeBytes), params + size_t(cc) * pbytes, uint32_t(pbytes), full + 8 * s);
+          if (++s == slots) s = 0, phase ^= it >= slots;  // the first round waits for nothing
+        }
+      }
+    return;
+  }
+
+  // The consumers: x after the dependency wait.
+  grid_dep_wait();
+  // x into shared memory, and Σx of each tile's 64 columns once for all row blocks (the bias term
+  // b·Σx): 16 lanes hold a tile's columns (in / 4 is a multiple of 512: every lane takes part).
+  for (int i = int(threadIdx.x); i < in / 4; i += kRingWarps * 32) {
+    const uint2 v = reinterpret_cast<const uint2*>(a.x)[i];
+    const float f0 = __uint_as_float(v.x << 16), f1 = __uint_as_float(v.x & 0xffff0000u);
+    const float f2 = __uint_as_float(v.y << 16), f3 = __uint_as_float(v.y & 0xffff0000u);
+    uint2 h;  // x·2⁻⁴ as f16 (kXh)
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h.x) : "f"(f1 * kXh), "f"(f0 * kXh));
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h.y) : "f"(f3 * kXh), "f"(f2 * kXh));
+    xs[i] = h;
+    float sum = (f0 + f1) + (f2 + f3);
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if ((lane & 15) == 0) tsum[i / 16] = sum;
+  }
+  consumers_sync();
+  int s = 0;
+  uint32_t phase = 0;  // of the slot's "full" barrier
+  int buf = 0;
+  for (int u = u0; u < u1; ++u, buf ^= 1) {
+    float cf[R][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cf[r][i] = 0.f;
+      for (int cc = 0; cc < cpr; ++cc) {
+        mbar_wait(full + 8 * s, phase);
+        const uint8_t* slot = ring + size_t(s) * kSlotBytes;
+#pragma unroll
+        for (int q = 0; q < kWarpTiles; ++q) {
+          const int tile = warp * kWarpTiles + q, col = cc * kChunkCols + tile * 64;
+          const uint4 c = *reinterpret_cast<const uint4*>(slot + tile * kTileBytes + lane * 16);
+          if constexpr (LOADS_ONLY) {
+            cf[r][0] += __uint_as_float((c.x ^ c.y ^ c.z ^ c.w) & 0x007fffffu);
+            continue;
+          }
+          const float4 p =
+              *reinterpret_cast<const float4*>(slot + kChunkCodeBytes + (((tile * 64) >> gshift) * 8 + g) * 16);
+          float cq[2][4] = {};  // two chains of two mma steps: half the dependent latency
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint2 xf = xs[(col + 16 * j + 4 * t) / 4];
+            const uint32_t wd = word_of(c, j), w8 = wd >> 8;
+            // f16 under the codes where they lie: rows g 1024 + q (low nibbles of each byte pair),
+            // rows g + 8 1024 + 16·q (high nibbles) — 5 instructions per 8 codes.
+            const uint32_t af[4] = {and_or<0x000F000Fu>(wd, 0x64006400u), and_or<0x00F000F0u>(wd, 0x64006400u),
+                                    and_or<0x000F000Fu>(w8, 0x64006400u), and_or<0x00F000F0u>(w8, 0x64006400u)};
+            mma16816_f16(cq[j & 1], af, xf);
+          }
+          // acc = Σ (1024 + q)·x/16 for rows g, Σ (1024 + 16·q)·x/16 for rows g + 8; so
+          // s·Σq·x + b·Σx = 16·s·acc + (b − 1024·s)·Σx, and s·acc + (b − 64·s)·Σx.
+          const float s0 = 16.f * p.x, b0 = fmaf(-1024.f, p.x, p.y), s1 = p.z, b1 = fmaf(-64.f, p.z, p.w);
+          const float sx = tsum[cc * kChunkTiles + tile];
+          cf[r][0] = fmaf(s0, cq[0][0] + cq[1][0], fmaf(b0, sx, cf[r][0]));
+          cf[r][2] = fmaf(s1, cq[0][2] + cq[1][2], fmaf(b1, sx, cf[r][2]));
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive_one(empty + 8 * s);
+        if (++s == slots) s = 0, phase ^= 1;
+      }
+    }
+    // Column 0 of the C fragment (lanes t = 0) is the row's sum; the warps' sums meet here.
+    if (t == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r) red[buf][r][warp][g] = cf[r][0], red[buf][r][warp][g + 8] = cf[r][2];
+    consumers_sync();
+    if (warp == 0 && lane < 16) {
+      float v[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        v[r] = 0.f;
+#pragma unroll
+        for (int wi = 0; wi < kRingWarps; ++wi) v[r] += red[buf][r][wi][lane];
+      }
+      int part, rb;
+      unit_block<ACT>(set, u, 0, &part, &rb);
+      const QGemvPart& pt = set.part[part];
+      const int64_t o = int64_t(rb) * 16 + lane;
+      if (o < pt.w.out) {
+        if constexpr (ACT)  // as silu_mul of the bf16 outputs: silu(g) rounded to bf16, times u
+          static_cast<bf16*>(pt.y)[o] = __float2bfloat16_rn(rbf(silu(rbf(v[0]))) * rbf(v[1]));
+        else if (a.y_f32)
+          static_cast<float*>(pt.y)[o] = v[0];
+        else
+          static_cast<bf16*>(pt.y)[o] = __float2bfloat16_rn(v[0]);
+      }
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
+int g_ring_mode = [] {  // SALA_CUDA_QGEMV_RING: 0 off (the register GEMV), 1 on (default)
+  const char* e = std::getenv("SALA_CUDA_QGEMV_RING");
+  return e && *e ? int(std::atoi(e) != 0) : 1;
+}();
+int g_ring_pre = [] {  // SALA_CUDA_QGEMV_RING_PRE: chunks requested before the dependency wait
+  const char* e = std::getenv("SALA_CUDA_QGEMV_RING_PRE");
+  return e && *e ? std::max(0, std::atoi(e)) : 4;
+}();
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+int device_sms() {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n;
+  }();
+  return sms;
+}
+bool device_sm90() {
+  static const bool ok = [] {
+    int dev = 0, major = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    return major >= 9;
+  }();
+  return ok;
+}
+
+template <bool ACT, bool LOADS_ONLY = false>
+void launch_ring(RingArgs a, int64_t in, bool pdl, cudaStream_t st) {
+  if constexpr (!LOADS_ONLY) {
+    if (g_ring_mode == 2) return launch_ring<ACT, true>(a, in, pdl, st);
+  }
+  const size_t fixed = size_t(in) * 2 + size_t(in) / 64 * 4;  // x, Σx per tile
+  a.slots = int(std::min<size_t>(kMaxSlots, (kSmemLimit - fixed - 16 * kMaxSlots) / kSlotBytes));
+  const size_t smem = size_t(a.slots) * kSlotBytes + fixed + 16 * size_t(a.slots);
+  static const bool attr = cudaFuncSetAttribute(qgemv_ring_kernel<ACT, LOADS_ONLY>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                int(kSmemLimit)) == cudaSuccess;
+  SALA_CUDA_REQUIRE(attr, "qgemv ring: shared memory attribute refused");
+  const int ctas = std::min(a.units, device_sms());
+  launch_pdl(pdl, qgemv_ring_kernel<ACT, LOADS_ONLY>, dim3(unsigned(ctas)), dim3(kRingThreads), smem, st, a);
+}
+
+}  // namespace
+
+void set_qgemv_ring(int mode, int pre) {
+  g_ring_mode = mode;
+  if (pre >= 0) g_ring_pre = pre;
+}
+
+bool qgemv_ring_applies(const QGemvSet& set, int N) {
+  const QWeight& w = set.part[0].w;
+  if (g_ring_mode == 0 || N != 1 || w.fmt != kQ4 || !device_sm90()) return false;
+  if (w.in % kChunkCols != 0 || w.in > kMaxIn || w.group % 64 != 0 || kChunkCols % w.group != 0) return false;
+  for (int i = 0; i < set.count; ++i)
+    if (!aligned16(set.part[i].w.codes) || !aligned16(set.part[i].w.params)) return false;
+  return true;
+}
+
+void launch_qgemv_ring(const QGemvSet& set, const void* x, bool y_f32, bool trigger, bool pdl, cudaStream_t st) {
+  RingArgs a{set, static_cast<const bf16*>(x), 0, 0, g_ring_pre, int(y_f32), int(trigger && pdl)};
+  unsigned units = 0;
+  for (int i = 0; i < set.count; ++i) {
+    a.set.first[i] = units;
+    units += unsigned((set.part[i].w.out + 15) / 16);
+  }
+  a.set.first[set.count] = units;
+  a.units = int(units);
+  launch_ring<false>(a, set.part[0].w.in, pdl, st);
+}
+
+void launch_qgemv_ring_act(const QWeight& gate, const QWeight& up, const void* x, void* act, bool trigger, bool pdl,
+                           cudaStream_t st) {
+  RingArgs a{};
+  a.set.part[0] = {gate, act, 0};
+  a.set.part[1] = {up, nullptr, 0};
+  a.set.count = 2;
+  a.x = static_cast<const bf16*>(x);
+  a.units = int((gate.out + 15) / 16);
+  a.pre = g_ring_pre;
+  a.trigger = int(trigger && pdl);
+  launch_ring<true>(a, gate.in, pdl, st);
+}
+
+}  // namespace sala::cuda

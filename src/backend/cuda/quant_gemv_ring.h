@@ -1,0 +1,24 @@
+// The int4 one-row decode GEMV fed through a shared-memory ring by the bulk copy engine
+// (quant_gemv_ring.cu); launch_qgemv_set and launch_qgemv_act take it where it applies.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "backend/cuda/kernels.h"
+
+namespace sala::cuda {
+
+// Whether the ring GEMV takes this launch: sm_90, N = 1, int4 with groups of 64..2048 that divide
+// 2048, in a multiple of 2048 up to 16384, 16-byte aligned codes and parameters, and not switched
+// off (SALA_CUDA_QGEMV_RING=0 or set_qgemv_ring(0, ...)).
+bool qgemv_ring_applies(const QGemvSet& set, int N);
+// y = x·Wᵀ for each part (one row x; y bf16 or f32).
+void launch_qgemv_ring(const QGemvSet& set, const void* x, bool y_f32, bool trigger, bool pdl, cudaStream_t st);
+// act = bf16(silu(bf16(x·gateᵀ)))·bf16(x·upᵀ) rounded to bf16, as the unfused ring GEMV + silu_mul.
+void launch_qgemv_ring_act(const QWeight& gate, const QWeight& up, const void* x, void* act, bool trigger, bool pdl,
+                           cudaStream_t st);
+// Tests and benchmarks: mode 0 off, 1 on, 2 loads only (wrong outputs: what the ring moves without
+// the decode); pre ≥ 0 chunks requested before the dependency wait
+// (default 4; SALA_CUDA_QGEMV_RING_PRE), < 0 leaves it.
+void set_qgemv_ring(int mode, int pre);
+
+}  // namespace sala::cuda
