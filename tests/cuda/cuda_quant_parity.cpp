@@ -443,11 +443,12 @@ void test_qgemv_prefetch(CpuBackend& cpu, CudaBackend& gpu) {
   }
 }
 
-// The int4 one-row GEMV fed through a shared-memory ring (quant_gemv_ring.cu): where it applies
-// (columns a multiple of 2048, groups of 64..2048 dividing 2048), against the CPU and the register
-// GEMV it replaces (set_qgemv_ring(0)); with 0, 2 (default) and all chunks requested before the
-// dependency wait; rows that end mid row block (1000, 4100); grouped parts (units across parts)
-// bit for bit the per-part launches; the fused gate/up + silu·mul bit for bit the unfused pair.
+// The one-row GEMV fed through a shared-memory ring (quant_gemv_ring.cu): where it applies (int4:
+// columns a multiple of 2048, groups of 64..2048 dividing 2048; per-row fp8, int8 and symmetric
+// int8: columns a multiple of 1024), against the CPU and the register GEMV it replaces
+// (set_qgemv_ring(0)); int4 with 0, 2 and all chunks requested before the dependency wait; rows
+// that end mid row block (1000, 4100); grouped parts (units across parts) bit for bit the
+// per-part launches; the fused gate/up + silu·mul bit for bit the unfused pair, every format.
 void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
   struct Shape {
     int64_t out, in, group;
@@ -468,7 +469,7 @@ void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
       worst = std::max(worst, rel_err(run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32), ref));
       worst16 = std::max(worst16, rel_err(run_matmul(gpu, wg, x, 1, DType::BF16, DType::BF16), ref));
     }
-    cuda::set_qgemv_ring(1, 2);
+    cuda::set_qgemv_ring(1, 4);  // the default
     const auto ring = run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32);
     cuda::set_qgemv_ring(0, -1);
     const auto reg = run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32);
@@ -478,6 +479,33 @@ void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
           strf("int4 ring GEMV %lldx%lld g%lld", (long long)sh.out, (long long)sh.in, (long long)sh.group),
           strf("%s; rel f32 %.2e bf16 %.2e; vs register GEMV %.2e", applies ? "ring taken" : "RING NOT TAKEN", worst,
                worst16, vs_reg));
+  }
+  // Per-row fp8, int8 (affine) and symmetric int8 (biases −128·scale: decoded as q − 128).
+  for (const Shape& sh : {Shape{1000, 1024, 1024}, Shape{4096, 4096, 4096}, Shape{4100, 16384, 16384}}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      PackedMatrix pm = random_packed(kind == 0 ? WeightFormat::FP8 : WeightFormat::Q8, sh.out, sh.in, sh.in,
+                                      601 + uint64_t(sh.out) + uint64_t(kind));
+      if (kind == 2)
+        for (size_t i = 0; i < pm.biases.size(); ++i) pm.biases[i] = -128.f * pm.scales[i];
+      const char* name = kind == 0 ? "fp8" : kind == 1 ? "int8" : "int8 sym";
+      const Weight wc = cpu.load_quantized_weight(pm.view(), name), wg = gpu.load_quantized_weight(pm.view(), name);
+      cuda::QGemvSet set{};
+      set.part[0] = {CudaBackend::qweight(wg), nullptr, 0};
+      set.count = 1;
+      const bool applies = cuda::qgemv_ring_applies(set, 1) && (kind != 2 || set.part[0].w.sym);
+      const auto x = randn(size_t(sh.in), 602 + uint64_t(sh.in));
+      const auto ref = run_matmul(cpu, wc, x, 1, DType::F32, DType::F32);
+      const auto ring = run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32);
+      const double e16 = rel_err(run_matmul(gpu, wg, x, 1, DType::BF16, DType::BF16), ref);
+      cuda::set_qgemv_ring(0, -1);
+      const auto reg = run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32);
+      cuda::set_qgemv_ring(1, -1);
+      const double e = rel_err(ring, ref), vs_reg = rel_err(ring, reg);
+      check(applies && e < 2e-5 && e16 < 1e-2 && vs_reg < 2e-5,
+            strf("%s ring GEMV %lldx%lld", name, (long long)sh.out, (long long)sh.in),
+            strf("%s; rel f32 %.2e bf16 %.2e; vs register GEMV %.2e", applies ? "ring taken" : "RING NOT TAKEN", e, e16,
+                 vs_reg));
+    }
   }
   {  // not taken: columns not a multiple of 2048, groups of 32
     const PackedMatrix a = random_packed(WeightFormat::Q4, 64, 1024, 64, 511), b = random_packed(WeightFormat::Q4, 64, 4096, 32, 512);
@@ -503,7 +531,10 @@ void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
   for (size_t i = 0; i < wc.size(); ++i) worst = std::max(worst, rel_err(r.grouped[i], run_matmul(cpu, wc[i], x, 1, DType::F32, DType::F32)));
   check(r.grouped == r.single && worst < 5e-5, "int4 ring GEMV grouped parts 2048,256,264,2048",
         strf("rel %.2e; %s", worst, r.grouped == r.single ? "equal to per-part matmul" : "DIFFERS from per-part matmul"));
+  for (WeightFormat wf : {WeightFormat::Q4, WeightFormat::FP8, WeightFormat::Q8})
   for (int64_t out : {int64_t(1000), int64_t(4608)}) {
+    const int64_t group = wf == WeightFormat::Q4 ? 128 : in;
+    const char* name = wf == WeightFormat::Q4 ? "int4" : wf == WeightFormat::FP8 ? "fp8" : "int8";
     auto run = [&](Backend& b, const Weight& g0, const Weight& u0, DType dt, bool unfused) {
       auto xb = b.alloc(size_t(in) * dtype_size(dt) + 16), gb = b.alloc(size_t(out) * dtype_size(dt) + 16),
            ub = b.alloc(size_t(out) * dtype_size(dt) + 16), ab = b.alloc(size_t(out) * dtype_size(dt) + 16);
@@ -518,13 +549,13 @@ void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
       b.download(act, y.data());
       return y;
     };
-    const PackedMatrix pg = random_packed(WeightFormat::Q4, out, in, 128, 541), pu = random_packed(WeightFormat::Q4, out, in, 128, 542);
-    const Weight gc = cpu.load_quantized_weight(pg.view(), "int4"), uc = cpu.load_quantized_weight(pu.view(), "int4");
-    const Weight gg = gpu.load_quantized_weight(pg.view(), "int4"), ug = gpu.load_quantized_weight(pu.view(), "int4");
+    const PackedMatrix pg = random_packed(wf, out, in, group, 541), pu = random_packed(wf, out, in, group, 542);
+    const Weight gc = cpu.load_quantized_weight(pg.view(), name), uc = cpu.load_quantized_weight(pu.view(), name);
+    const Weight gg = gpu.load_quantized_weight(pg.view(), name), ug = gpu.load_quantized_weight(pu.view(), name);
     const auto ref = run(cpu, gc, uc, DType::F32, false);
     const auto fused = run(gpu, gg, ug, DType::BF16, false), unfused = run(gpu, gg, ug, DType::BF16, true);
     const double e = rel_err(fused, ref);
-    check(e < 1e-2 && fused == unfused, strf("int4 ring GEMV gate/up + silu*mul 2x%lld", (long long)out),
+    check(e < 1e-2 && fused == unfused, strf("%s ring GEMV gate/up + silu*mul 2x%lld", name, (long long)out),
           strf("rel %.2e; %s", e, fused == unfused ? "equal to ring GEMV + silu_mul" : "DIFFERS from ring GEMV + silu_mul"));
   }
 }

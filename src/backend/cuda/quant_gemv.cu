@@ -68,12 +68,6 @@ namespace {
 
 using namespace qlayout;
 
-// Decode mode of symmetric int8 (QWeight::sym: every bias −128·scale) in the per-row GEMVs (≤ 8
-// rows and the batched 9–32-row kernel): the codes q + 128 decode to q (f16 1024 + c minus 1152
-// with x staged, f32 2²³ + c minus 2²³ + 128 otherwise: exact) and y = s·Σ q·x, so the Σx mma and
-// the bias terms go. Not a storage format: the weight is kQ8.
-constexpr int kQ8S = 4;
-
 int g_nt_variant = 0;
 int g_small_variant = 0;
 bool g_trigger = true;
@@ -159,35 +153,6 @@ __device__ __forceinline__ unsigned cta_index_again() {
   unsigned b;
   asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(b));
   return b;
-}
-
-// XH (x as f16 in shared memory, N = 1): the A fragment as f16 pairs, one or two instructions per
-// pair instead of four (FP8: the hardware e4m3x2 → f16x2 conversion, exact; Q8: the bytes under an
-// f16 exponent, 1024 + q, minus 1024: exact). Q4 keeps the bf16 path (one lop3 per pair already).
-template <int FMT>
-__device__ __forceinline__ void decode_a_f16(const uint4& c, int j, uint32_t a[4]) {
-  static_assert(FMT != kQ4, "decode_a_f16: FP8 and Q8 only");
-  const uint32_t wg = word_of(c, 2 * j), wg8 = word_of(c, 2 * j + 1);
-  if constexpr (FMT == kQ8 || FMT == kQ8S) {
-    auto q8x2 = [](uint32_t word, uint32_t sel) {
-      constexpr uint32_t kOffset = FMT == kQ8S ? 0x64806480u : 0x64006400u;  // 1152 (c − 128) or 1024 (c)
-      uint32_t h = __byte_perm(word, 0x64646464u, sel), r;
-      asm("sub.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(h), "r"(kOffset));
-      return r;
-    };
-    a[0] = q8x2(wg, 0x4140u), a[1] = q8x2(wg8, 0x4140u), a[2] = q8x2(wg, 0x4342u), a[3] = q8x2(wg8, 0x4342u);
-  } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    auto f8x2 = [](uint32_t word, int h) {
-      uint32_t r;
-      asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(uint16_t(word >> (16 * h))));
-      return r;
-    };
-#else
-    auto f8x2 = [](uint32_t word, int h) { return fp8_f16x2(word, h); };  // e4m3·2^-8 (kFp8Unit)
-#endif
-    a[0] = f8x2(wg, 0), a[1] = f8x2(wg8, 0), a[2] = f8x2(wg, 1), a[3] = f8x2(wg8, 1);
-  }
 }
 
 // The A fragment and the mma of a launch: f16 when x is staged as f16 (XH), bf16 otherwise.

@@ -40,15 +40,16 @@ using namespace qlayout;
 
 constexpr int kRingWarps = 16;  // consumers; warp kRingWarps is the producer
 constexpr int kRingThreads = (kRingWarps + 1) * 32;
-constexpr int kChunkTiles = 32;  // 16 KB
+constexpr int kChunkTiles = 32;  // 16 KB of codes
 constexpr int kWarpTiles = kChunkTiles / kRingWarps;  // each consumer warp's tiles of a chunk
 constexpr int kChunkCodeBytes = kChunkTiles * kTileBytes;
-constexpr int kChunkCols = kChunkTiles * 64;  // Q4 tiles are 64 columns wide
-constexpr int kMaxParamBytes = kChunkCols / 64 * 128;  // groups of 64: 32 groups × 8 float4
+constexpr int kMaxParamBytes = kChunkTiles * 128;  // Q4 in groups of 64: a group per tile, 8 float4 each
 constexpr int kSlotBytes = kChunkCodeBytes + kMaxParamBytes;
 constexpr int kMaxSlots = 10;
-constexpr int kMaxIn = 16384;  // x staged in shared memory as bf16 (32 KB)
+constexpr int kMaxIn = 16384;  // x staged in shared memory as f16 (32 KB)
 constexpr size_t kSmemLimit = 222 * 1024;  // dynamic: 227 KB per CTA less the static reduction buffer
+template <int FMT>
+constexpr int kChunkCols = kChunkTiles * tile_k(FMT == kQ8S ? kQ8 : FMT);  // Q4 2048, 8-bit 1024
 
 struct RingArgs {
   QGemvSet set;       // first[]: first unit of each part (ACT: gate and up, units = row blocks)
@@ -86,21 +87,27 @@ __device__ __forceinline__ void unit_block(const QGemvSet& s, int u, int r, int*
   }
 }
 
-// LOADS_ONLY (benchmarks: set_qgemv_ring(2, ...)): the consumers only read the codes, no decode
-// or mma (the outputs are wrong) — what the ring moves without the arithmetic.
-template <bool ACT, bool LOADS_ONLY = false>
+// FMT: kQ4 (groups of 64..2048 dividing 2048: the parameters ride with the codes, flushed per
+// tile), kFP8, kQ8 or kQ8S (per row: one scale, and for kQ8 one bias, per row, applied at the
+// unit's end). LOADS_ONLY (benchmarks: set_qgemv_ring(2, ...)): the consumers only read the
+// codes, no decode or mma (the outputs are wrong) — what the ring moves without the arithmetic.
+template <int FMT, bool ACT, bool LOADS_ONLY = false>
 __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int R = ACT ? 2 : 1;
+  constexpr bool kGrouped = FMT == kQ4;
+  constexpr int KT = kGrouped ? 64 : 32, MT = KT / 16, CC = kChunkCols<FMT>;
+  constexpr bool kTileSums = FMT == kQ4 || FMT == kQ8;  // the bias term b·Σx
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ float red[2][R][kRingWarps][16];
+  __shared__ float xtotal;  // kQ8: Σx of the whole row
   const QGemvSet& set = a.set;
   const int in = int(set.part[0].w.in), G = int(set.part[0].w.group);
-  const int ktiles = in / 64, groups = in / G, cpr = in / kChunkCols, pbytes = kChunkCols / G * 128;
-  const int gshift = __ffs(G) - 1;  // G is a power of two (it divides 2048)
+  const int ktiles = in / KT, groups = in / G, cpr = in / CC, pbytes = kGrouped ? CC / G * 128 : 0;
+  const int gshift = __ffs(G) - 1;  // kQ4: G is a power of two (it divides 2048)
   const int slots = a.slots;
   uint8_t* const ring = smem;
-  uint2* const xs = reinterpret_cast<uint2*>(smem + size_t(slots) * kSlotBytes);  // x[4i .. 4i + 3]
+  uint2* const xs = reinterpret_cast<uint2*>(smem + size_t(slots) * kSlotBytes);  // x[4i .. 4i + 3]·kXh, f16
   float* const tsum = reinterpret_cast<float*>(smem + size_t(slots) * kSlotBytes + size_t(in) * 2);  // Σx per tile
   const uint32_t full = smem_addr(tsum + ktiles), empty = full + 8 * slots;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
@@ -132,7 +139,8 @@ __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingA
           uint8_t* slot = ring + size_t(s) * kSlotBytes;
           mbar_arrive_expect_tx(full + 8 * s, uint32_t(kChunkCodeBytes + pbytes));
           bulk_load(smem_addr(slot), codes + size_t(cc) * kChunkCodeBytes, kChunkCodeBytes, full + 8 * s);
-          bulk_load(smem_addr(slot + kChunkCodeBytes), params + size_t(cc) * pbytes, uint32_t(pbytes), full + 8 * s);
+          if constexpr (kGrouped)
+            bulk_load(smem_addr(slot + kChunkCodeBytes), params + size_t(cc) * pbytes, uint32_t(pbytes), full + 8 * s);
           if (++s == slots) s = 0, phase ^= it >= slots;  // the first round waits for nothing
         }
       }
@@ -141,29 +149,52 @@ __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingA
 
   // The consumers: x after the dependency wait.
   grid_dep_wait();
-  // x into shared memory, and Σx of each tile's 64 columns once for all row blocks (the bias term
-  // b·Σx): 16 lanes hold a tile's columns (in / 4 is a multiple of 512: every lane takes part).
+  // x into shared memory as f16·kXh, and Σx of each tile's columns once for all row blocks (the
+  // bias term b·Σx): KT / 4 consecutive lanes hold a tile (in / 4 is a multiple of 256).
   for (int i = int(threadIdx.x); i < in / 4; i += kRingWarps * 32) {
     const uint2 v = reinterpret_cast<const uint2*>(a.x)[i];
     const float f0 = __uint_as_float(v.x << 16), f1 = __uint_as_float(v.x & 0xffff0000u);
     const float f2 = __uint_as_float(v.y << 16), f3 = __uint_as_float(v.y & 0xffff0000u);
-    uint2 h;  // x·2⁻⁴ as f16 (kXh)
+    uint2 h;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h.x) : "f"(f1 * kXh), "f"(f0 * kXh));
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h.y) : "f"(f3 * kXh), "f"(f2 * kXh));
     xs[i] = h;
-    float sum = (f0 + f1) + (f2 + f3);
+    if constexpr (kTileSums) {
+      float sum = (f0 + f1) + (f2 + f3);
 #pragma unroll
-    for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if ((lane & 15) == 0) tsum[i / 16] = sum;
+      for (int o = KT / 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if ((lane & (KT / 4 - 1)) == 0) tsum[i / (KT / 4)] = sum;
+    }
   }
   consumers_sync();
+  if constexpr (FMT == kQ8) {  // per-row bias: Σx of the row
+    if (warp == 0) {
+      float sum = 0.f;
+      for (int k = lane; k < ktiles; k += 32) sum += tsum[k];
+      sum = warp_sum(sum);
+      if (lane == 0) xtotal = sum;
+    }
+    consumers_sync();
+  }
   int s = 0;
   uint32_t phase = 0;  // of the slot's "full" barrier
   int buf = 0;
   for (int u = u0; u < u1; ++u, buf ^= 1) {
+    // Per-row formats: the row block's scale (and bias) for the reduction lanes, early.
+    float4 prow[R];
+    if constexpr (!kGrouped) {
+      if (warp == 0 && lane < 16)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          int part, rb;
+          unit_block<ACT>(set, u, r, &part, &rb);
+          prow[r] = ld_param(reinterpret_cast<const float4*>(set.part[part].w.params) + size_t(rb) * 8 + (lane & 7));
+        }
+    }
     float cf[R][4];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
+      float cq[2][4] = {};  // per row: the whole row's sums (two chains: half the dependent latency)
 #pragma unroll
       for (int i = 0; i < 4; ++i) cf[r][i] = 0.f;
       for (int cc = 0; cc < cpr; ++cc) {
@@ -171,36 +202,47 @@ __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingA
         const uint8_t* slot = ring + size_t(s) * kSlotBytes;
 #pragma unroll
         for (int q = 0; q < kWarpTiles; ++q) {
-          const int tile = warp * kWarpTiles + q, col = cc * kChunkCols + tile * 64;
+          const int tile = warp * kWarpTiles + q, col = cc * CC + tile * KT;
           const uint4 c = *reinterpret_cast<const uint4*>(slot + tile * kTileBytes + lane * 16);
           if constexpr (LOADS_ONLY) {
             cf[r][0] += __uint_as_float((c.x ^ c.y ^ c.z ^ c.w) & 0x007fffffu);
             continue;
           }
-          const float4 p =
-              *reinterpret_cast<const float4*>(slot + kChunkCodeBytes + (((tile * 64) >> gshift) * 8 + g) * 16);
-          float cq[2][4] = {};  // two chains of two mma steps: half the dependent latency
+          if constexpr (kGrouped) {
+            const float4 p =
+                *reinterpret_cast<const float4*>(slot + kChunkCodeBytes + (((tile * KT) >> gshift) * 8 + g) * 16);
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const uint2 xf = xs[(col + 16 * j + 4 * t) / 4];
-            const uint32_t wd = word_of(c, j), w8 = wd >> 8;
-            // f16 under the codes where they lie: rows g 1024 + q (low nibbles of each byte pair),
-            // rows g + 8 1024 + 16·q (high nibbles) — 5 instructions per 8 codes.
-            const uint32_t af[4] = {and_or<0x000F000Fu>(wd, 0x64006400u), and_or<0x00F000F0u>(wd, 0x64006400u),
-                                    and_or<0x000F000Fu>(w8, 0x64006400u), and_or<0x00F000F0u>(w8, 0x64006400u)};
-            mma16816_f16(cq[j & 1], af, xf);
+            for (int i = 0; i < 4; ++i) cq[0][i] = cq[1][i] = 0.f;
+#pragma unroll
+            for (int j = 0; j < MT; ++j) {
+              const uint2 xf = xs[(col + 16 * j + 4 * t) / 4];
+              const uint32_t wd = word_of(c, j), w8 = wd >> 8;
+              // f16 under the codes where they lie: rows g 1024 + q (low nibbles of each byte
+              // pair), rows g + 8 1024 + 16·q (high nibbles) — 5 instructions per 8 codes.
+              const uint32_t af[4] = {and_or<0x000F000Fu>(wd, 0x64006400u), and_or<0x00F000F0u>(wd, 0x64006400u),
+                                      and_or<0x000F000Fu>(w8, 0x64006400u), and_or<0x00F000F0u>(w8, 0x64006400u)};
+              mma16816_f16(cq[j & 1], af, xf);
+            }
+            // acc = Σ (1024 + q)·x/16 for rows g, Σ (1024 + 16·q)·x/16 for rows g + 8; so
+            // s·Σq·x + b·Σx = 16·s·acc + (b − 1024·s)·Σx, and s·acc + (b − 64·s)·Σx.
+            const float s0 = 16.f * p.x, b0 = fmaf(-1024.f, p.x, p.y), s1 = p.z, b1 = fmaf(-64.f, p.z, p.w);
+            const float sx = tsum[cc * kChunkTiles + tile];
+            cf[r][0] = fmaf(s0, cq[0][0] + cq[1][0], fmaf(b0, sx, cf[r][0]));
+            cf[r][2] = fmaf(s1, cq[0][2] + cq[1][2], fmaf(b1, sx, cf[r][2]));
+          } else {  // exact f16 codes (e4m3; 1024 + q − 1024 or − 1152), the row's sums in cq
+#pragma unroll
+            for (int j = 0; j < MT; ++j) {
+              uint32_t af[4];
+              decode_a_f16<FMT>(c, j, af);
+              mma16816_f16(cq[(q * MT + j) & 1], af, xs[(col + 16 * j + 4 * t) / 4]);
+            }
           }
-          // acc = Σ (1024 + q)·x/16 for rows g, Σ (1024 + 16·q)·x/16 for rows g + 8; so
-          // s·Σq·x + b·Σx = 16·s·acc + (b − 1024·s)·Σx, and s·acc + (b − 64·s)·Σx.
-          const float s0 = 16.f * p.x, b0 = fmaf(-1024.f, p.x, p.y), s1 = p.z, b1 = fmaf(-64.f, p.z, p.w);
-          const float sx = tsum[cc * kChunkTiles + tile];
-          cf[r][0] = fmaf(s0, cq[0][0] + cq[1][0], fmaf(b0, sx, cf[r][0]));
-          cf[r][2] = fmaf(s1, cq[0][2] + cq[1][2], fmaf(b1, sx, cf[r][2]));
         }
         __syncwarp();
         if (lane == 0) mbar_arrive_one(empty + 8 * s);
         if (++s == slots) s = 0, phase ^= 1;
       }
+      if constexpr (!kGrouped) cf[r][0] = cq[0][0] + cq[1][0], cf[r][2] = cq[0][2] + cq[1][2];
     }
     // Column 0 of the C fragment (lanes t = 0) is the row's sum; the warps' sums meet here.
     if (t == 0)
@@ -214,6 +256,11 @@ __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingA
         v[r] = 0.f;
 #pragma unroll
         for (int wi = 0; wi < kRingWarps; ++wi) v[r] += red[buf][r][wi][lane];
+        if constexpr (!kGrouped) {  // y = s·Σq·x (+ b·Σx): acc = Σ q·x/16
+          const float sc = lane < 8 ? prow[r].x : prow[r].z, bi = lane < 8 ? prow[r].y : prow[r].w;
+          v[r] *= sc * (1.f / kXh);
+          if constexpr (FMT == kQ8) v[r] = fmaf(bi, xtotal, v[r]);
+        }
       }
       int part, rb;
       unit_block<ACT>(set, u, 0, &part, &rb);
@@ -237,6 +284,10 @@ __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingA
 int g_ring_mode = [] {  // SALA_CUDA_QGEMV_RING: 0 off (the register GEMV), 1 on (default)
   const char* e = std::getenv("SALA_CUDA_QGEMV_RING");
   return e && *e ? int(std::atoi(e) != 0) : 1;
+}();
+int g_ring_formats = [] {  // SALA_CUDA_QGEMV_RING_FORMATS: bit 0 int4, bit 1 per-row fp8/int8 (A/B runs)
+  const char* e = std::getenv("SALA_CUDA_QGEMV_RING_FORMATS");
+  return e && *e ? std::atoi(e) : 3;
 }();
 int g_ring_pre = [] {  // SALA_CUDA_QGEMV_RING_PRE: chunks requested before the dependency wait
   const char* e = std::getenv("SALA_CUDA_QGEMV_RING_PRE");
@@ -264,19 +315,39 @@ bool device_sm90() {
   return ok;
 }
 
-template <bool ACT, bool LOADS_ONLY = false>
-void launch_ring(RingArgs a, int64_t in, bool pdl, cudaStream_t st) {
+template <int FMT, bool ACT, bool LOADS_ONLY = false>
+void launch_ring_f(RingArgs a, int64_t in, bool pdl, cudaStream_t st) {
   if constexpr (!LOADS_ONLY) {
-    if (g_ring_mode == 2) return launch_ring<ACT, true>(a, in, pdl, st);
+    if (g_ring_mode == 2) return launch_ring_f<FMT, ACT, true>(a, in, pdl, st);
   }
-  const size_t fixed = size_t(in) * 2 + size_t(in) / 64 * 4;  // x, Σx per tile
+  const size_t fixed = size_t(in) * 2 + size_t(in) / 32 * 4;  // x, Σx per tile
   a.slots = int(std::min<size_t>(kMaxSlots, (kSmemLimit - fixed - 16 * kMaxSlots) / kSlotBytes));
   const size_t smem = size_t(a.slots) * kSlotBytes + fixed + 16 * size_t(a.slots);
-  static const bool attr = cudaFuncSetAttribute(qgemv_ring_kernel<ACT, LOADS_ONLY>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                int(kSmemLimit)) == cudaSuccess;
+  static const bool attr = cudaFuncSetAttribute(qgemv_ring_kernel<FMT, ACT, LOADS_ONLY>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemLimit)) == cudaSuccess;
   SALA_CUDA_REQUIRE(attr, "qgemv ring: shared memory attribute refused");
   const int ctas = std::min(a.units, device_sms());
-  launch_pdl(pdl, qgemv_ring_kernel<ACT, LOADS_ONLY>, dim3(unsigned(ctas)), dim3(kRingThreads), smem, st, a);
+  launch_pdl(pdl, qgemv_ring_kernel<FMT, ACT, LOADS_ONLY>, dim3(unsigned(ctas)), dim3(kRingThreads), smem, st, a);
+}
+
+// Symmetric int8 everywhere in the set decodes q − 128 without the bias term (as quant_gemv.cu).
+bool all_symmetric(const QGemvSet& set) {
+  for (int i = 0; i < set.count; ++i)
+    if (!set.part[i].w.sym) return false;
+  return true;
+}
+
+template <bool ACT>
+void launch_ring(const RingArgs& a, bool pdl, cudaStream_t st) {
+  const QWeight& w = a.set.part[0].w;
+  switch (w.fmt) {
+    case kQ4: return launch_ring_f<kQ4, ACT>(a, w.in, pdl, st);
+    case kFP8: return launch_ring_f<kFP8, ACT>(a, w.in, pdl, st);
+    case kQ8:
+      if (all_symmetric(a.set)) return launch_ring_f<kQ8S, ACT>(a, w.in, pdl, st);
+      return launch_ring_f<kQ8, ACT>(a, w.in, pdl, st);
+    default: SALA_CUDA_REQUIRE(false, "qgemv ring: unknown packed format");
+  }
 }
 
 }  // namespace
@@ -288,8 +359,17 @@ void set_qgemv_ring(int mode, int pre) {
 
 bool qgemv_ring_applies(const QGemvSet& set, int N) {
   const QWeight& w = set.part[0].w;
-  if (g_ring_mode == 0 || N != 1 || w.fmt != kQ4 || !device_sm90()) return false;
-  if (w.in % kChunkCols != 0 || w.in > kMaxIn || w.group % 64 != 0 || kChunkCols % w.group != 0) return false;
+  if (g_ring_mode == 0 || N != 1 || !device_sm90()) return false;
+  if (w.fmt == kQ4) {
+    if (!(g_ring_formats & 1)) return false;
+    constexpr int cols = kChunkCols<kQ4>;
+    if (w.in % cols != 0 || w.group % 64 != 0 || cols % w.group != 0) return false;
+  } else if (w.fmt == kFP8 || w.fmt == kQ8) {
+    if (!(g_ring_formats & 2) || w.group != w.in || w.in % kChunkCols<kFP8> != 0) return false;
+  } else {
+    return false;
+  }
+  if (w.in > kMaxIn) return false;
   for (int i = 0; i < set.count; ++i)
     if (!aligned16(set.part[i].w.codes) || !aligned16(set.part[i].w.params)) return false;
   return true;
@@ -304,7 +384,7 @@ void launch_qgemv_ring(const QGemvSet& set, const void* x, bool y_f32, bool trig
   }
   a.set.first[set.count] = units;
   a.units = int(units);
-  launch_ring<false>(a, set.part[0].w.in, pdl, st);
+  launch_ring<false>(a, pdl, st);
 }
 
 void launch_qgemv_ring_act(const QWeight& gate, const QWeight& up, const void* x, void* act, bool trigger, bool pdl,
@@ -317,7 +397,7 @@ void launch_qgemv_ring_act(const QWeight& gate, const QWeight& up, const void* x
   a.units = int((gate.out + 15) / 16);
   a.pre = g_ring_pre;
   a.trigger = int(trigger && pdl);
-  launch_ring<true>(a, gate.in, pdl, st);
+  launch_ring<true>(a, pdl, st);
 }
 
 }  // namespace sala::cuda

@@ -1,5 +1,5 @@
-// The int4 one-row decode GEMV fed through a shared-memory ring by the bulk copy engine
-// (quant_gemv_ring.cu); launch_qgemv_set and launch_qgemv_act take it where it applies.
+// The one-row decode GEMV of packed weights fed through a shared-memory ring by the bulk copy
+// engine (quant_gemv_ring.cu); launch_qgemv_set and launch_qgemv_act take it where it applies.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -7,9 +7,10 @@
 
 namespace sala::cuda {
 
-// Whether the ring GEMV takes this launch: sm_90, N = 1, int4 with groups of 64..2048 that divide
-// 2048, in a multiple of 2048 up to 16384, 16-byte aligned codes and parameters, and not switched
-// off (SALA_CUDA_QGEMV_RING=0 or set_qgemv_ring(0, ...)).
+// Whether the ring GEMV takes this launch: sm_90, N = 1, in ≤ 16384, 16-byte aligned codes and
+// parameters, and int4 in groups of 64..2048 that divide 2048 with in a multiple of 2048, or
+// per-row fp8 / int8 with in a multiple of 1024; not switched off (SALA_CUDA_QGEMV_RING=0,
+// SALA_CUDA_QGEMV_RING_FORMATS: bit 0 int4, bit 1 8-bit; set_qgemv_ring(0, ...)).
 bool qgemv_ring_applies(const QGemvSet& set, int N);
 // y = x·Wᵀ for each part (one row x; y bf16 or f32).
 void launch_qgemv_ring(const QGemvSet& set, const void* x, bool y_f32, bool trigger, bool pdl, cudaStream_t st);
