@@ -219,7 +219,7 @@ int run_bench(int argc, char** argv) {
     return 0;
   }
 
-  // SALA_BENCH_ONLY=ring: the int4 g128 decode products of the 9B step alone (N = 1), on the
+  // SALA_BENCH_ONLY=ring: the int4 g128 and fp8 decode products of the 9B step alone (N = 1), on the
   // register GEMV, the bulk-copy ring GEMV, and the ring's loads without the decode; rotating over
   // copies that L2 cannot hold.
   if (!all_sections && std::strcmp(only_env, "ring") == 0) {
@@ -230,19 +230,26 @@ int run_bench(int argc, char** argv) {
       const char* name;
       bool act;
       int64_t out, in;
+      WeightFormat f = WeightFormat::Q4;
     };
     // The last two: one copy, read from L2 after the first call — what the decode costs when the
     // bytes are there.
     for (P p : {P{"gate/up + silu*mul 2x16384x4096", true, 16384, 4096}, P{"16384x4096 (q/k/v/z)", false, 16384, 4096},
                 P{"4096x16384 (down)", false, 4096, 16384}, P{"4096x4096 (o_proj)", false, 4096, 4096},
                 P{"8704x4096 (sparse q/k/v/g)", false, 8704, 4096}, P{"73448x4096 (lm_head)", false, 73448, 4096},
-                P{"4096x4096 from L2", false, 4096, 4096}, P{"8704x4096 from L2", false, 8704, 4096}}) {
+                P{"4096x4096 from L2", false, 4096, 4096}, P{"8704x4096 from L2", false, 8704, 4096},
+                P{"fp8 gate/up + silu*mul 2x16384x4096", true, 16384, 4096, WeightFormat::FP8},
+                P{"fp8 16384x4096", false, 16384, 4096, WeightFormat::FP8},
+                P{"fp8 4096x16384", false, 4096, 16384, WeightFormat::FP8},
+                P{"fp8 4096x4096", false, 4096, 4096, WeightFormat::FP8}}) {
       const int parts = p.act ? 2 : 1;
-      const int64_t wbytes = p.out * p.in * 9 / 16 * parts;  // 0.5 B codes + f32 scale and bias per 128 columns
+      const bool q4 = p.f == WeightFormat::Q4;  // int4 g128: 0.5 B codes + f32 scale and bias per 128 columns
+      const int64_t wbytes = (q4 ? p.out * p.in * 9 / 16 : p.out * p.in) * parts;
       const bool from_l2 = std::strstr(p.name, "L2") != nullptr;
       const int copies = from_l2 ? 1 : int(std::max<int64_t>(2, (int64_t(512) << 20) / wbytes));
       std::vector<Weight> ws;
-      for (int c = 0; c < copies * parts; ++c) ws.push_back(be.random_quantized_weight(WeightFormat::Q4, p.out, p.in, 128, 0.02f, 11 + c));
+      for (int c = 0; c < copies * parts; ++c)
+        ws.push_back(be.random_quantized_weight(p.f, p.out, p.in, q4 ? 128 : p.in, 0.02f, 11 + c));
       Mat x = xb->mat(DType::BF16, 1, p.in);
       be.upload(x, xh.data());
       auto gb = be.alloc(size_t(p.out) * 2), ub = be.alloc(size_t(p.out) * 2), ab = be.alloc(size_t(p.out) * 2);
@@ -254,7 +261,7 @@ int run_bench(int argc, char** argv) {
           if (p.act) be.matmul_silu_mul(x, ws[k], ws[k + 1], g, u, a);
           else be.matmul(x, ws[k], g);
         });
-        std::printf("int4 g128 %-32s %-22s %8.2f us %7.1f GB/s\n", p.name,
+        std::printf("%s %-36s %-22s %8.2f us %7.1f GB/s\n", q4 ? "int4 g128" : "per row  ", p.name,
                     mode == 0 ? "register GEMV" : mode == 1 ? "ring GEMV" : "ring, loads only", us, rate(wbytes, us));
       }
       sala::cuda::set_qgemv_ring(1, -1);

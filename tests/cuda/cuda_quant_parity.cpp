@@ -469,7 +469,7 @@ void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
       worst = std::max(worst, rel_err(run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32), ref));
       worst16 = std::max(worst16, rel_err(run_matmul(gpu, wg, x, 1, DType::BF16, DType::BF16), ref));
     }
-    cuda::set_qgemv_ring(1, 4);  // the default
+    cuda::set_qgemv_ring(1, -1);  // the default
     const auto ring = run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32);
     cuda::set_qgemv_ring(0, -1);
     const auto reg = run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32);

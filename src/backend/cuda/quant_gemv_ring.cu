@@ -44,8 +44,10 @@ constexpr int kChunkTiles = 32;  // 16 KB of codes
 constexpr int kWarpTiles = kChunkTiles / kRingWarps;  // each consumer warp's tiles of a chunk
 constexpr int kChunkCodeBytes = kChunkTiles * kTileBytes;
 constexpr int kMaxParamBytes = kChunkTiles * 128;  // Q4 in groups of 64: a group per tile, 8 float4 each
-constexpr int kSlotBytes = kChunkCodeBytes + kMaxParamBytes;
-constexpr int kMaxSlots = 10;
+// A slot: the chunk's codes, then (int4) its groups' parameters.
+template <int FMT>
+constexpr int kSlotBytes = kChunkCodeBytes + (FMT == kQ4 ? kMaxParamBytes : 0);
+constexpr int kMaxSlots = 13;
 constexpr int kMaxIn = 16384;  // x staged in shared memory as f16 (32 KB)
 constexpr size_t kSmemLimit = 222 * 1024;  // dynamic: 227 KB per CTA less the static reduction buffer
 template <int FMT>
@@ -107,8 +109,8 @@ __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingA
   const int gshift = __ffs(G) - 1;  // kQ4: G is a power of two (it divides 2048)
   const int slots = a.slots;
   uint8_t* const ring = smem;
-  uint2* const xs = reinterpret_cast<uint2*>(smem + size_t(slots) * kSlotBytes);  // x[4i .. 4i + 3]·kXh, f16
-  float* const tsum = reinterpret_cast<float*>(smem + size_t(slots) * kSlotBytes + size_t(in) * 2);  // Σx per tile
+  uint2* const xs = reinterpret_cast<uint2*>(smem + size_t(slots) * kSlotBytes<FMT>);  // x[4i .. 4i + 3]·kXh, f16
+  float* const tsum = reinterpret_cast<float*>(smem + size_t(slots) * kSlotBytes<FMT> + size_t(in) * 2);  // Σx per tile
   const uint32_t full = smem_addr(tsum + ktiles), empty = full + 8 * slots;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
   const int u0 = int(int64_t(a.units) * blockIdx.x / gridDim.x), u1 = int(int64_t(a.units) * (blockIdx.x + 1) / gridDim.x);
@@ -136,7 +138,7 @@ __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingA
         for (int cc = 0; cc < cpr; ++cc, ++it) {
           if (it == a.pre) grid_dep_wait();  // the rest once the kernels before have finished
           if (it >= slots) mbar_wait(empty + 8 * s, phase);
-          uint8_t* slot = ring + size_t(s) * kSlotBytes;
+          uint8_t* slot = ring + size_t(s) * kSlotBytes<FMT>;
           mbar_arrive_expect_tx(full + 8 * s, uint32_t(kChunkCodeBytes + pbytes));
           bulk_load(smem_addr(slot), codes + size_t(cc) * kChunkCodeBytes, kChunkCodeBytes, full + 8 * s);
           if constexpr (kGrouped)
@@ -199,7 +201,7 @@ __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingA
       for (int i = 0; i < 4; ++i) cf[r][i] = 0.f;
       for (int cc = 0; cc < cpr; ++cc) {
         mbar_wait(full + 8 * s, phase);
-        const uint8_t* slot = ring + size_t(s) * kSlotBytes;
+        const uint8_t* slot = ring + size_t(s) * kSlotBytes<FMT>;
 #pragma unroll
         for (int q = 0; q < kWarpTiles; ++q) {
           const int tile = warp * kWarpTiles + q, col = cc * CC + tile * KT;
@@ -281,18 +283,23 @@ __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingA
 #endif
 }
 
-int g_ring_mode = [] {  // SALA_CUDA_QGEMV_RING: 0 off (the register GEMV), 1 on (default)
-  const char* e = std::getenv("SALA_CUDA_QGEMV_RING");
-  return e && *e ? int(std::atoi(e) != 0) : 1;
-}();
-int g_ring_formats = [] {  // SALA_CUDA_QGEMV_RING_FORMATS: bit 0 int4, bit 1 per-row fp8/int8 (A/B runs)
-  const char* e = std::getenv("SALA_CUDA_QGEMV_RING_FORMATS");
-  return e && *e ? std::atoi(e) : 3;
-}();
-int g_ring_pre = [] {  // SALA_CUDA_QGEMV_RING_PRE: chunks requested before the dependency wait
-  const char* e = std::getenv("SALA_CUDA_QGEMV_RING_PRE");
-  return e && *e ? std::max(0, std::atoi(e)) : 4;
-}();
+// A/B knobs (benchmarks, tests); −1: the format's default below.
+int env_or(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  return e && *e ? std::atoi(e) : fallback;
+}
+int g_ring_mode = env_or("SALA_CUDA_QGEMV_RING", 1) != 0;  // 0: the register GEMV
+int g_ring_formats = env_or("SALA_CUDA_QGEMV_RING_FORMATS", 3);  // bit 0 int4, bit 1 per-row fp8 / int8
+int g_ring_slots = env_or("SALA_CUDA_QGEMV_RING_SLOTS", -1);  // at most this many chunks in the ring
+int g_ring_pre = env_or("SALA_CUDA_QGEMV_RING_PRE", -1);      // chunks requested before the dependency wait
+// Defaults from the H100 4K batch-1 step (bench/results/2026-11-27-h100-ring-gemv.md): int4 4 chunks
+// before the wait (0: 2.77, 2: 2.58–2.62, 4: 2.53, 8: 2.59 ms/step for g128) and as many 20 KB slots
+// as fit (9–10); 8-bit 8 before the wait (fp8 + lm_head 3.60–3.63 ms against 3.64 with 4) and 10
+// slots of 16 KB (13: 3.59–3.60, the same within noise).
+template <int FMT>
+constexpr int kDefaultPre = FMT == kQ4 ? 4 : 8;
+template <int FMT>
+constexpr int kDefaultSlots = FMT == kQ4 ? kMaxSlots : 10;
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
@@ -321,8 +328,10 @@ void launch_ring_f(RingArgs a, int64_t in, bool pdl, cudaStream_t st) {
     if (g_ring_mode == 2) return launch_ring_f<FMT, ACT, true>(a, in, pdl, st);
   }
   const size_t fixed = size_t(in) * 2 + size_t(in) / 32 * 4;  // x, Σx per tile
-  a.slots = int(std::min<size_t>(kMaxSlots, (kSmemLimit - fixed - 16 * kMaxSlots) / kSlotBytes));
-  const size_t smem = size_t(a.slots) * kSlotBytes + fixed + 16 * size_t(a.slots);
+  const int cap = g_ring_slots >= 2 ? std::min(g_ring_slots, kMaxSlots) : kDefaultSlots<FMT>;
+  a.slots = int(std::min<size_t>(cap, (kSmemLimit - fixed - 16 * kMaxSlots) / kSlotBytes<FMT>));
+  a.pre = g_ring_pre >= 0 ? g_ring_pre : kDefaultPre<FMT>;
+  const size_t smem = size_t(a.slots) * kSlotBytes<FMT> + fixed + 16 * size_t(a.slots);
   static const bool attr = cudaFuncSetAttribute(qgemv_ring_kernel<FMT, ACT, LOADS_ONLY>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemLimit)) == cudaSuccess;
   SALA_CUDA_REQUIRE(attr, "qgemv ring: shared memory attribute refused");
@@ -354,7 +363,7 @@ void launch_ring(const RingArgs& a, bool pdl, cudaStream_t st) {
 
 void set_qgemv_ring(int mode, int pre) {
   g_ring_mode = mode;
-  if (pre >= 0) g_ring_pre = pre;
+  g_ring_pre = pre;
 }
 
 bool qgemv_ring_applies(const QGemvSet& set, int N) {
@@ -376,7 +385,7 @@ bool qgemv_ring_applies(const QGemvSet& set, int N) {
 }
 
 void launch_qgemv_ring(const QGemvSet& set, const void* x, bool y_f32, bool trigger, bool pdl, cudaStream_t st) {
-  RingArgs a{set, static_cast<const bf16*>(x), 0, 0, g_ring_pre, int(y_f32), int(trigger && pdl)};
+  RingArgs a{set, static_cast<const bf16*>(x), 0, 0, 0, int(y_f32), int(trigger && pdl)};
   unsigned units = 0;
   for (int i = 0; i < set.count; ++i) {
     a.set.first[i] = units;
@@ -395,7 +404,6 @@ void launch_qgemv_ring_act(const QWeight& gate, const QWeight& up, const void* x
   a.set.count = 2;
   a.x = static_cast<const bf16*>(x);
   a.units = int((gate.out + 15) / 16);
-  a.pre = g_ring_pre;
   a.trigger = int(trigger && pdl);
   launch_ring<true>(a, pdl, st);
 }

@@ -18,8 +18,8 @@ void launch_qgemv_ring(const QGemvSet& set, const void* x, bool y_f32, bool trig
 void launch_qgemv_ring_act(const QWeight& gate, const QWeight& up, const void* x, void* act, bool trigger, bool pdl,
                            cudaStream_t st);
 // Tests and benchmarks: mode 0 off, 1 on, 2 loads only (wrong outputs: what the ring moves without
-// the decode); pre ≥ 0 chunks requested before the dependency wait
-// (default 4; SALA_CUDA_QGEMV_RING_PRE), < 0 leaves it.
+// the decode); pre ≥ 0 chunks requested before the dependency wait, < 0 the format's default
+// (SALA_CUDA_QGEMV_RING_PRE sets the start value).
 void set_qgemv_ring(int mode, int pre);
 
 }  // namespace sala::cuda
