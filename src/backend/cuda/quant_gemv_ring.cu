@@ -1,30 +1,36 @@
-// The int4 decode GEMV at one row fed by the bulk copy engine (sm_90): one CTA per SM streams its
-// share of the product's row blocks through a shared-memory ring of 16 KB code chunks, each with
-// its groups' scales and biases, and eight warps decode from there.
+// The packed decode GEMV at one row fed by the bulk copy engine (sm_90): int4 in tile groups and
+// per-row fp8 / int8. One CTA per SM streams its share of the product's row blocks through a
+// shared-memory ring of 16 KB code chunks (int4: each with its groups' scales and biases), and 16
+// warps decode from there.
 //
-// Why (bench/results/2026-11-27-h100-stream-floor.md): a 9B token's int4 g128 weights streamed
-// this way with nothing but loads take 1.66 ms per token (2.94 TB/s) over the 129 products in
-// step order, one launch each, where the register-staged GEMV (quant_gemv.cu) moves its products
-// at ~2.5 TB/s (2.06 ms in the int4 g128 step's timeline): int4's products are 9–75 MB, and a
-// product that small is held by the bytes a CTA can keep in flight (register stages: ~80 KB per
-// SM; the ring: up to 200 KB, issued by one thread without occupying the decoding warps).
+// Why (bench/results/2026-11-27-h100-ring-gemv.md): one 9B token's int4 g128 weights (5.16 GB)
+// streamed this way by loads alone take 1.76 ms (2.93 TB/s) over the 129 products in step order,
+// one launch each, where the register-staged GEMV (quant_gemv.cu) moved its products at ~2.5 TB/s
+// (2.06 ms of the step): products of 9–75 MB are held by the bytes a CTA keeps in flight (register
+// stages: ~64–80 KB per SM; the ring: 160–200 KB, issued by one thread without occupying the
+// decoding warps). H100, 4K batch 1, + lm_head: int4 g128 2.63–2.66 → 2.47–2.50 ms per step, g64
+// 2.81 → 2.63–2.66, fp8 3.79–3.81 → 3.60–3.63, int8 3.83 → 3.60–3.66.
 //
-// Speed of light, H100 (3.35 TB/s peak, ~3.0 reachable by a read): int4 g128 is 0.53 B per weight
-// (codes 0.5 + f16 scale and bias per 128); 4096×16384 = 35.7 MB → 12 µs, 2×16384×4096 (gate/up)
-// = 71 MB → 24 µs.
+// Speed of light, H100 (3.35 TB/s peak, ~3.0 reachable by a read): int4 g128 stores 0.5625 B per
+// weight (codes 0.5 + f32 scale and bias per 128): 2×16384×4096 (gate/up) = 75.5 MB → 25 µs at
+// 3.0 TB/s, measured 27.3; fp8 1 B: gate/up 134 MB → 45 µs, measured 45.4 (products alone).
 //
 // Layout (quant_layout.h): a row block's tiles are contiguous (ktiles × 512 B) and so are its
-// group parameters (groups × 8 float4), so a chunk of 32 tiles (2048 columns) is one bulk copy of
-// codes and one of the 2048/group groups' parameters. A CTA takes the units [U·c/C, U·(c+1)/C)
-// (a unit: one row block of one part; with ACT the gate's and the up's row block). Its producer
-// (one thread of a ninth warp) fills the ring in unit order — the first `pre` chunks before the
-// dependency wait (weights never depend on the previous kernel; more would compete with the small
-// kernels before this one for memory) — and each of 16 consumer warps takes 2 tiles of every
-// chunk — x staged as f16, the codes made f16 where they lie (1024 + q, 1024 + 16·q: 5
-// instructions per 8 codes against the register GEMV's 7), mma.m16n8k16 in f16, flushed per tile
-// with the offsets folded into its group's scale and bias, Σx of each tile computed once per CTA
-// instead of by a second mma per step — and frees the chunk on its "empty" mbarrier. At a unit's end the warps' sums
-// meet in shared memory (double-buffered: one barrier per unit).
+// group parameters (groups × 8 float4), so a chunk of 32 tiles (int4: 2048 columns, 8-bit: 1024)
+// is one bulk copy of codes and, for int4, one of the chunk's groups' parameters. A CTA takes the
+// units [U·c/C, U·(c+1)/C) (a unit: one row block of one part; with ACT the gate's and the up's
+// row block). Its producer (one thread of a 17th warp) fills the ring in unit order — the first
+// `pre` chunks before the dependency wait (weights never depend on the previous kernel; more
+// would compete with the small kernels before this one for memory) — and each of 16 consumer
+// warps takes 2 tiles of every chunk, then frees it on its "empty" mbarrier. x is staged as f16
+// (·2⁻⁴) and the mma runs in f16: int4 codes are made f16 where they lie (1024 + q, 1024 + 16·q:
+// 5 instructions per 8 codes against the register GEMV's 7) and flushed per tile with the offsets
+// folded into the group's scale and bias, Σx of each tile computed once per CTA instead of by a
+// second mma per step; fp8 and int8 take the register GEMV's exact f16 decodes (decode_a_f16)
+// and the row's scale (and bias·Σx) at the unit's end. At a unit's end the warps' sums meet in
+// shared memory (double-buffered: one barrier per unit). Bit for bit the same sums for a part
+// whether launched alone, grouped, or fused with silu·mul; not bit for bit the register GEMV
+// (another summation order; int4's offset 1024 costs ~10 bits of the fp32 sums: ~1e-5 relative).
 #include <algorithm>
 #include <cstdlib>
 
@@ -312,12 +318,14 @@ int device_sms() {
   }();
   return sms;
 }
-bool device_sm90() {
+// sm_90 (bulk copies, mbarrier try_wait) with the shared memory a ring CTA takes.
+bool device_fits() {
   static const bool ok = [] {
-    int dev = 0, major = 0;
+    int dev = 0, major = 0, optin = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    return major >= 9;
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    return major >= 9 && size_t(optin) >= kSmemLimit + 5 * 1024;
   }();
   return ok;
 }
@@ -368,7 +376,7 @@ void set_qgemv_ring(int mode, int pre) {
 
 bool qgemv_ring_applies(const QGemvSet& set, int N) {
   const QWeight& w = set.part[0].w;
-  if (g_ring_mode == 0 || N != 1 || !device_sm90()) return false;
+  if (g_ring_mode == 0 || N != 1 || !device_fits()) return false;
   if (w.fmt == kQ4) {
     if (!(g_ring_formats & 1)) return false;
     constexpr int cols = kChunkCols<kQ4>;
