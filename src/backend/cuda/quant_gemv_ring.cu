@@ -9,7 +9,7 @@
 // (2.06 ms of the step): products of 9–75 MB are held by the bytes a CTA keeps in flight (register
 // stages: ~64–80 KB per SM; the ring: 160–200 KB, issued by one thread without occupying the
 // decoding warps). H100, 4K batch 1, + lm_head: int4 g128 2.63–2.66 → 2.47–2.50 ms per step, g64
-// 2.81 → 2.63–2.66, fp8 3.79–3.81 → 3.60–3.63, int8 3.83 → 3.60–3.66.
+// 2.81 → 2.63–2.66, fp8 3.79–3.81 → 3.60–3.63, int8 3.83 → 3.60–3.73.
 //
 // Speed of light, H100 (3.35 TB/s peak, ~3.0 reachable by a read): int4 g128 stores 0.5625 B per
 // weight (codes 0.5 + f32 scale and bias per 128): 2×16384×4096 (gate/up) = 75.5 MB → 25 µs at
