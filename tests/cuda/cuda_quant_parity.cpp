@@ -444,9 +444,9 @@ void test_qgemv_prefetch(CpuBackend& cpu, CudaBackend& gpu) {
 }
 
 // The one-row GEMV fed through a shared-memory ring (quant_gemv_ring.cu): where it applies (int4:
-// columns a multiple of 2048, groups of 64..2048 dividing 2048; per-row fp8, int8 and symmetric
-// int8: columns a multiple of 1024), against the CPU and the register GEMV it replaces
-// (set_qgemv_ring(0)); int4 with 0, 2 and all chunks requested before the dependency wait; rows
+// columns a multiple of 2048, groups of 64..2048 dividing 2048; per-row fp8, int8, symmetric int8
+// and int8 in groups of 32..1024 (the MLX 8-bit layout): columns a multiple of 1024), against the
+// CPU and the register GEMV it replaces (set_qgemv_ring(0)); int4 with 0, 2 and all chunks requested before the dependency wait; rows
 // that end mid row block (1000, 4100); grouped parts (units across parts) bit for bit the
 // per-part launches; the fused gate/up + silu·mul bit for bit the unfused pair, every format.
 void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
@@ -507,14 +507,38 @@ void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
                  vs_reg));
     }
   }
-  {  // not taken: columns not a multiple of 2048, groups of 32
-    const PackedMatrix a = random_packed(WeightFormat::Q4, 64, 1024, 64, 511), b = random_packed(WeightFormat::Q4, 64, 4096, 32, 512);
-    const Weight wa = gpu.load_quantized_weight(a.view(), "int4"), wb = gpu.load_quantized_weight(b.view(), "int4");
-    cuda::QGemvSet sa{}, sb{};
+  // int8 in groups (the MLX 8-bit layout): groups of 32 (one per tile) up to 1024 (one per chunk).
+  for (const Shape& sh : {Shape{1000, 1024, 32}, Shape{4096, 4096, 64}, Shape{300, 16384, 64}, Shape{4100, 8192, 1024}}) {
+    const PackedMatrix pm = random_packed(WeightFormat::Q8, sh.out, sh.in, sh.group, 701 + uint64_t(sh.out));
+    const Weight wc = cpu.load_quantized_weight(pm.view(), "int8 g"), wg = gpu.load_quantized_weight(pm.view(), "int8 g");
+    cuda::QGemvSet set{};
+    set.part[0] = {CudaBackend::qweight(wg), nullptr, 0};
+    set.count = 1;
+    const bool applies = cuda::qgemv_ring_applies(set, 1);
+    const auto x = randn(size_t(sh.in), 702 + uint64_t(sh.in));
+    const auto ref = run_matmul(cpu, wc, x, 1, DType::F32, DType::F32);
+    const auto ring = run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32);
+    const double e16 = rel_err(run_matmul(gpu, wg, x, 1, DType::BF16, DType::BF16), ref);
+    cuda::set_qgemv_ring(0, -1);
+    const auto reg = run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32);
+    cuda::set_qgemv_ring(1, -1);
+    const double e = rel_err(ring, ref), vs_reg = rel_err(ring, reg);
+    check(applies && e < 2e-5 && e16 < 1e-2 && vs_reg < 2e-5,
+          strf("int8 g%lld ring GEMV %lldx%lld", (long long)sh.group, (long long)sh.out, (long long)sh.in),
+          strf("%s; rel f32 %.2e bf16 %.2e; vs register GEMV %.2e", applies ? "ring taken" : "RING NOT TAKEN", e, e16,
+               vs_reg));
+  }
+  {  // not taken: int4 with columns not a multiple of 2048 or groups of 32; int8 in groups of 48
+    const PackedMatrix a = random_packed(WeightFormat::Q4, 64, 1024, 64, 511), b = random_packed(WeightFormat::Q4, 64, 4096, 32, 512),
+                       c = random_packed(WeightFormat::Q8, 64, 3072, 48, 513);
+    const Weight wa = gpu.load_quantized_weight(a.view(), "int4"), wb = gpu.load_quantized_weight(b.view(), "int4"),
+                 wc8 = gpu.load_quantized_weight(c.view(), "int8 g48");
+    cuda::QGemvSet sa{}, sb{}, sc{};
     sa.part[0] = {CudaBackend::qweight(wa), nullptr, 0}, sa.count = 1;
     sb.part[0] = {CudaBackend::qweight(wb), nullptr, 0}, sb.count = 1;
-    check(!cuda::qgemv_ring_applies(sa, 1) && !cuda::qgemv_ring_applies(sb, 1), "int4 ring GEMV: 1024 columns, group 32",
-          "register GEMV");
+    sc.part[0] = {CudaBackend::qweight(wc8), nullptr, 0}, sc.count = 1;
+    check(!cuda::qgemv_ring_applies(sa, 1) && !cuda::qgemv_ring_applies(sb, 1) && !cuda::qgemv_ring_applies(sc, 1),
+          "ring GEMV not taken: int4 1024 columns, int4 group 32, int8 group 48", "register GEMV");
   }
   // Grouped parts (q/k/v/z-like) and the MLP pair.
   const int64_t in = 4096;
@@ -531,10 +555,17 @@ void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
   for (size_t i = 0; i < wc.size(); ++i) worst = std::max(worst, rel_err(r.grouped[i], run_matmul(cpu, wc[i], x, 1, DType::F32, DType::F32)));
   check(r.grouped == r.single && worst < 5e-5, "int4 ring GEMV grouped parts 2048,256,264,2048",
         strf("rel %.2e; %s", worst, r.grouped == r.single ? "equal to per-part matmul" : "DIFFERS from per-part matmul"));
-  for (WeightFormat wf : {WeightFormat::Q4, WeightFormat::FP8, WeightFormat::Q8})
+  struct Pair {
+    WeightFormat wf;
+    int64_t group;
+    const char* name;
+  };
+  for (const Pair& pf : {Pair{WeightFormat::Q4, 128, "int4"}, Pair{WeightFormat::FP8, in, "fp8"},
+                         Pair{WeightFormat::Q8, in, "int8"}, Pair{WeightFormat::Q8, 64, "int8 g64"}})
   for (int64_t out : {int64_t(1000), int64_t(4608)}) {
-    const int64_t group = wf == WeightFormat::Q4 ? 128 : in;
-    const char* name = wf == WeightFormat::Q4 ? "int4" : wf == WeightFormat::FP8 ? "fp8" : "int8";
+    const WeightFormat wf = pf.wf;
+    const int64_t group = pf.group;
+    const char* name = pf.name;
     auto run = [&](Backend& b, const Weight& g0, const Weight& u0, DType dt, bool unfused) {
       auto xb = b.alloc(size_t(in) * dtype_size(dt) + 16), gb = b.alloc(size_t(out) * dtype_size(dt) + 16),
            ub = b.alloc(size_t(out) * dtype_size(dt) + 16), ab = b.alloc(size_t(out) * dtype_size(dt) + 16);

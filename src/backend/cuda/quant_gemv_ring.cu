@@ -1,7 +1,7 @@
-// The packed decode GEMV at one row fed by the bulk copy engine (sm_90): int4 in tile groups and
-// per-row fp8 / int8. One CTA per SM streams its share of the product's row blocks through a
-// shared-memory ring of 16 KB code chunks (int4: each with its groups' scales and biases), and 16
-// warps decode from there.
+// The packed decode GEMV at one row fed by the bulk copy engine (sm_90): int4 in tile groups,
+// per-row fp8 / int8, int8 in groups (MLX 8-bit). One CTA per SM streams its share of the
+// product's row blocks through a shared-memory ring of 16 KB code chunks (grouped formats: each
+// with its groups' scales and biases), and 16 warps decode from there.
 //
 // Why (bench/results/2026-11-27-h100-ring-gemv.md): one 9B token's int4 g128 weights (5.16 GB)
 // streamed this way by loads alone take 1.76 ms (2.93 TB/s) over the 129 products in step order,
@@ -9,7 +9,7 @@
 // (2.06 ms of the step): products of 9–75 MB are held by the bytes a CTA keeps in flight (register
 // stages: ~64–80 KB per SM; the ring: 160–200 KB, issued by one thread without occupying the
 // decoding warps). H100, 4K batch 1, + lm_head: int4 g128 2.63–2.66 → 2.47–2.50 ms per step, g64
-// 2.81 → 2.63–2.66, fp8 3.79–3.81 → 3.60–3.63, int8 3.83 → 3.60–3.73.
+// 2.81 → 2.63–2.66, fp8 3.79–3.81 → 3.56–3.63, int8 3.83 → 3.60–3.73, int8 g64 4.25 → 4.11–4.12.
 //
 // Speed of light, H100 (3.35 TB/s peak, ~3.0 reachable by a read): int4 g128 stores 0.5625 B per
 // weight (codes 0.5 + f32 scale and bias per 128): 2×16384×4096 (gate/up) = 75.5 MB → 25 µs at
@@ -27,7 +27,7 @@
 // 5 instructions per 8 codes against the register GEMV's 7) and flushed per tile with the offsets
 // folded into the group's scale and bias, Σx of each tile computed once per CTA instead of by a
 // second mma per step; fp8 and int8 take the register GEMV's exact f16 decodes (decode_a_f16)
-// and the row's scale (and bias·Σx) at the unit's end. At a unit's end the warps' sums meet in
+// and the row's scale (and bias·Σx) at the unit's end, grouped int8 flushed per tile like int4. At a unit's end the warps' sums meet in
 // shared memory (double-buffered: one barrier per unit). Bit for bit the same sums for a part
 // whether launched alone, grouped, or fused with silu·mul; not bit for bit the register GEMV
 // (another summation order; int4's offset 1024 costs ~10 bits of the fp32 sums: ~1e-5 relative).
@@ -44,6 +44,10 @@ namespace {
 
 using namespace qlayout;
 
+// Grouped int8 (the MLX 8-bit layout: a scale and bias per group of 32..1024 columns) as the
+// kernel's format: the f16 decode of per-row int8 with the parameters riding with the codes.
+constexpr int kQ8G = 5;
+
 constexpr int kRingWarps = 16;  // consumers; warp kRingWarps is the producer
 constexpr int kRingThreads = (kRingWarps + 1) * 32;
 constexpr int kChunkTiles = 32;  // 16 KB of codes
@@ -52,12 +56,12 @@ constexpr int kChunkCodeBytes = kChunkTiles * kTileBytes;
 constexpr int kMaxParamBytes = kChunkTiles * 128;  // Q4 in groups of 64: a group per tile, 8 float4 each
 // A slot: the chunk's codes, then (int4) its groups' parameters.
 template <int FMT>
-constexpr int kSlotBytes = kChunkCodeBytes + (FMT == kQ4 ? kMaxParamBytes : 0);
+constexpr int kSlotBytes = kChunkCodeBytes + (FMT == kQ4 || FMT == kQ8G ? kMaxParamBytes : 0);
 constexpr int kMaxSlots = 13;
 constexpr int kMaxIn = 16384;  // x staged in shared memory as f16 (32 KB)
 constexpr size_t kSmemLimit = 222 * 1024;  // dynamic: 227 KB per CTA less the static reduction buffer
 template <int FMT>
-constexpr int kChunkCols = kChunkTiles * tile_k(FMT == kQ8S ? kQ8 : FMT);  // Q4 2048, 8-bit 1024
+constexpr int kChunkCols = kChunkTiles * tile_k(FMT == kQ4 ? kQ4 : kQ8);  // Q4 2048, 8-bit 1024
 
 struct RingArgs {
   QGemvSet set;       // first[]: first unit of each part (ACT: gate and up, units = row blocks)
@@ -95,24 +99,24 @@ __device__ __forceinline__ void unit_block(const QGemvSet& s, int u, int r, int*
   }
 }
 
-// FMT: kQ4 (groups of 64..2048 dividing 2048: the parameters ride with the codes, flushed per
-// tile), kFP8, kQ8 or kQ8S (per row: one scale, and for kQ8 one bias, per row, applied at the
-// unit's end). LOADS_ONLY (benchmarks: set_qgemv_ring(2, ...)): the consumers only read the
+// FMT: kQ4 (groups of 64..2048 dividing 2048) and kQ8G (int8 in groups of 32..1024 dividing
+// 1024): the parameters ride with the codes, flushed per tile; kFP8, kQ8 or kQ8S (per row: one
+// scale, and for kQ8 one bias, per row, applied at the unit's end). LOADS_ONLY (benchmarks: set_qgemv_ring(2, ...)): the consumers only read the
 // codes, no decode or mma (the outputs are wrong) — what the ring moves without the arithmetic.
 template <int FMT, bool ACT, bool LOADS_ONLY = false>
 __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int R = ACT ? 2 : 1;
-  constexpr bool kGrouped = FMT == kQ4;
-  constexpr int KT = kGrouped ? 64 : 32, MT = KT / 16, CC = kChunkCols<FMT>;
-  constexpr bool kTileSums = FMT == kQ4 || FMT == kQ8;  // the bias term b·Σx
+  constexpr bool kGrouped = FMT == kQ4 || FMT == kQ8G;
+  constexpr int KT = FMT == kQ4 ? 64 : 32, MT = KT / 16, CC = kChunkCols<FMT>;
+  constexpr bool kTileSums = FMT == kQ4 || FMT == kQ8 || FMT == kQ8G;  // the bias term b·Σx
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ float red[2][R][kRingWarps][16];
   __shared__ float xtotal;  // kQ8: Σx of the whole row
   const QGemvSet& set = a.set;
   const int in = int(set.part[0].w.in), G = int(set.part[0].w.group);
   const int ktiles = in / KT, groups = in / G, cpr = in / CC, pbytes = kGrouped ? CC / G * 128 : 0;
-  const int gshift = __ffs(G) - 1;  // kQ4: G is a power of two (it divides 2048)
+  const int gshift = __ffs(G) - 1;  // grouped: G is a power of two (it divides the chunk's columns)
   const int slots = a.slots;
   uint8_t* const ring = smem;
   uint2* const xs = reinterpret_cast<uint2*>(smem + size_t(slots) * kSlotBytes<FMT>);  // x[4i .. 4i + 3]·kXh, f16
@@ -221,22 +225,33 @@ __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingA
                 *reinterpret_cast<const float4*>(slot + kChunkCodeBytes + (((tile * KT) >> gshift) * 8 + g) * 16);
 #pragma unroll
             for (int i = 0; i < 4; ++i) cq[0][i] = cq[1][i] = 0.f;
-#pragma unroll
-            for (int j = 0; j < MT; ++j) {
-              const uint2 xf = xs[(col + 16 * j + 4 * t) / 4];
-              const uint32_t wd = word_of(c, j), w8 = wd >> 8;
-              // f16 under the codes where they lie: rows g 1024 + q (low nibbles of each byte
-              // pair), rows g + 8 1024 + 16·q (high nibbles) — 5 instructions per 8 codes.
-              const uint32_t af[4] = {and_or<0x000F000Fu>(wd, 0x64006400u), and_or<0x00F000F0u>(wd, 0x64006400u),
-                                      and_or<0x000F000Fu>(w8, 0x64006400u), and_or<0x00F000F0u>(w8, 0x64006400u)};
-              mma16816_f16(cq[j & 1], af, xf);
-            }
-            // acc = Σ (1024 + q)·x/16 for rows g, Σ (1024 + 16·q)·x/16 for rows g + 8; so
-            // s·Σq·x + b·Σx = 16·s·acc + (b − 1024·s)·Σx, and s·acc + (b − 64·s)·Σx.
-            const float s0 = 16.f * p.x, b0 = fmaf(-1024.f, p.x, p.y), s1 = p.z, b1 = fmaf(-64.f, p.z, p.w);
             const float sx = tsum[cc * kChunkTiles + tile];
-            cf[r][0] = fmaf(s0, cq[0][0] + cq[1][0], fmaf(b0, sx, cf[r][0]));
-            cf[r][2] = fmaf(s1, cq[0][2] + cq[1][2], fmaf(b1, sx, cf[r][2]));
+            if constexpr (FMT == kQ4) {
+#pragma unroll
+              for (int j = 0; j < MT; ++j) {
+                const uint2 xf = xs[(col + 16 * j + 4 * t) / 4];
+                const uint32_t wd = word_of(c, j), w8 = wd >> 8;
+                // f16 under the codes where they lie: rows g 1024 + q (low nibbles of each byte
+                // pair), rows g + 8 1024 + 16·q (high nibbles) — 5 instructions per 8 codes.
+                const uint32_t af[4] = {and_or<0x000F000Fu>(wd, 0x64006400u), and_or<0x00F000F0u>(wd, 0x64006400u),
+                                        and_or<0x000F000Fu>(w8, 0x64006400u), and_or<0x00F000F0u>(w8, 0x64006400u)};
+                mma16816_f16(cq[j & 1], af, xf);
+              }
+              // acc = Σ (1024 + q)·x/16 for rows g, Σ (1024 + 16·q)·x/16 for rows g + 8; so
+              // s·Σq·x + b·Σx = 16·s·acc + (b − 1024·s)·Σx, and s·acc + (b − 64·s)·Σx.
+              const float s0 = 16.f * p.x, b0 = fmaf(-1024.f, p.x, p.y), s1 = p.z, b1 = fmaf(-64.f, p.z, p.w);
+              cf[r][0] = fmaf(s0, cq[0][0] + cq[1][0], fmaf(b0, sx, cf[r][0]));
+              cf[r][2] = fmaf(s1, cq[0][2] + cq[1][2], fmaf(b1, sx, cf[r][2]));
+            } else {  // grouped int8: exact codes q, acc = Σ q·x/16
+#pragma unroll
+              for (int j = 0; j < MT; ++j) {
+                uint32_t af[4];
+                decode_a_f16<kQ8>(c, j, af);
+                mma16816_f16(cq[j & 1], af, xs[(col + 16 * j + 4 * t) / 4]);
+              }
+              cf[r][0] = fmaf(16.f * p.x, cq[0][0] + cq[1][0], fmaf(p.y, sx, cf[r][0]));
+              cf[r][2] = fmaf(16.f * p.z, cq[0][2] + cq[1][2], fmaf(p.w, sx, cf[r][2]));
+            }
           } else {  // exact f16 codes (e4m3; 1024 + q − 1024 or − 1152), the row's sums in cq
 #pragma unroll
             for (int j = 0; j < MT; ++j) {
@@ -361,6 +376,7 @@ void launch_ring(const RingArgs& a, bool pdl, cudaStream_t st) {
     case kQ4: return launch_ring_f<kQ4, ACT>(a, w.in, pdl, st);
     case kFP8: return launch_ring_f<kFP8, ACT>(a, w.in, pdl, st);
     case kQ8:
+      if (w.group != w.in) return launch_ring_f<kQ8G, ACT>(a, w.in, pdl, st);
       if (all_symmetric(a.set)) return launch_ring_f<kQ8S, ACT>(a, w.in, pdl, st);
       return launch_ring_f<kQ8, ACT>(a, w.in, pdl, st);
     default: SALA_CUDA_REQUIRE(false, "qgemv ring: unknown packed format");
@@ -381,8 +397,10 @@ bool qgemv_ring_applies(const QGemvSet& set, int N) {
     if (!(g_ring_formats & 1)) return false;
     constexpr int cols = kChunkCols<kQ4>;
     if (w.in % cols != 0 || w.group % 64 != 0 || cols % w.group != 0) return false;
-  } else if (w.fmt == kFP8 || w.fmt == kQ8) {
-    if (!(g_ring_formats & 2) || w.group != w.in || w.in % kChunkCols<kFP8> != 0) return false;
+  } else if (w.fmt == kFP8 || w.fmt == kQ8) {  // per row, or int8 in groups (MLX 8-bit)
+    constexpr int cols = kChunkCols<kQ8>;
+    const bool grouping_ok = w.group == w.in || (w.fmt == kQ8 && w.group % 32 == 0 && cols % w.group == 0);
+    if (!(g_ring_formats & 2) || !grouping_ok || w.in % cols != 0) return false;
   } else {
     return false;
   }

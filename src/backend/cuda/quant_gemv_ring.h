@@ -9,7 +9,8 @@ namespace sala::cuda {
 
 // Whether the ring GEMV takes this launch: sm_90, N = 1, in ≤ 16384, 16-byte aligned codes and
 // parameters, and int4 in groups of 64..2048 that divide 2048 with in a multiple of 2048, or
-// per-row fp8 / int8 with in a multiple of 1024; not switched off (SALA_CUDA_QGEMV_RING=0,
+// fp8 / int8 per row or int8 in groups of 32..1024 that divide 1024 (MLX 8-bit) with in a
+// multiple of 1024; not switched off (SALA_CUDA_QGEMV_RING=0,
 // SALA_CUDA_QGEMV_RING_FORMATS: bit 0 int4, bit 1 8-bit; set_qgemv_ring(0, ...)).
 bool qgemv_ring_applies(const QGemvSet& set, int N);
 // y = x·Wᵀ for each part (one row x; y bf16 or f32).
