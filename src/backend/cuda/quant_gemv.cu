@@ -31,7 +31,9 @@
 // per-step bounds branches (each of which also put a WARPSYNC before the mma.sync); now per tile:
 // 4 × (3 shifts + 4 lop3 + 2 mma) + 4 x loads + the flush (~15) ≈ 60 — int4 2.0 → 2.8 TB/s.
 // Shared-memory code rings (more bytes in flight), an f16 Q4 path without the all-ones mma and
-// one accumulator chain per tile were each measured slower (bench/results/2026-11-25-h200-quant-r2.md).
+// one accumulator chain per tile were each measured slower here (bench/results/2026-11-25-h200-quant-r2.md);
+// at N = 1 on sm_90 a separate kernel with a bulk-copy ring, one CTA per SM and 16 decoding warps
+// is faster and takes int4 and 8-bit where it applies (quant_gemv_ring.cu, 2026-11-27).
 // Two row blocks per CTA share the x loads and the Σx mma: the automatic shape above 8192 rows.
 // N = 1, per-row FP8 and Q8 (XH, the automatic shapes): x is staged once per CTA in shared memory
 // as f16·2^-4 and the mma runs in f16, so the A fragment costs one conversion per e4m3 pair

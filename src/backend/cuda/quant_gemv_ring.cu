@@ -27,10 +27,11 @@
 // 5 instructions per 8 codes against the register GEMV's 7) and flushed per tile with the offsets
 // folded into the group's scale and bias, Σx of each tile computed once per CTA instead of by a
 // second mma per step; fp8 and int8 take the register GEMV's exact f16 decodes (decode_a_f16)
-// and the row's scale (and bias·Σx) at the unit's end, grouped int8 flushed per tile like int4. At a unit's end the warps' sums meet in
-// shared memory (double-buffered: one barrier per unit). Bit for bit the same sums for a part
-// whether launched alone, grouped, or fused with silu·mul; not bit for bit the register GEMV
-// (another summation order; int4's offset 1024 costs ~10 bits of the fp32 sums: ~1e-5 relative).
+// and the row's scale (and bias·Σx) at the unit's end, grouped int8 flushed per tile like int4.
+// At a unit's end the warps' sums meet in shared memory (double-buffered: one barrier per unit).
+// Bit for bit the same sums for a part whether launched alone, grouped, or fused with silu·mul;
+// not bit for bit the register GEMV (another summation order; int4's offset 1024 costs ~10 bits
+// of the fp32 sums: ~1e-5 relative).
 #include <algorithm>
 #include <cstdlib>
 
@@ -53,8 +54,8 @@ constexpr int kRingThreads = (kRingWarps + 1) * 32;
 constexpr int kChunkTiles = 32;  // 16 KB of codes
 constexpr int kWarpTiles = kChunkTiles / kRingWarps;  // each consumer warp's tiles of a chunk
 constexpr int kChunkCodeBytes = kChunkTiles * kTileBytes;
-constexpr int kMaxParamBytes = kChunkTiles * 128;  // Q4 in groups of 64: a group per tile, 8 float4 each
-// A slot: the chunk's codes, then (int4) its groups' parameters.
+constexpr int kMaxParamBytes = kChunkTiles * 128;  // groups of one tile (int4 64, int8 32): 8 float4 each
+// A slot: the chunk's codes, then (grouped formats) its groups' parameters.
 template <int FMT>
 constexpr int kSlotBytes = kChunkCodeBytes + (FMT == kQ4 || FMT == kQ8G ? kMaxParamBytes : 0);
 constexpr int kMaxSlots = 13;
@@ -101,8 +102,9 @@ __device__ __forceinline__ void unit_block(const QGemvSet& s, int u, int r, int*
 
 // FMT: kQ4 (groups of 64..2048 dividing 2048) and kQ8G (int8 in groups of 32..1024 dividing
 // 1024): the parameters ride with the codes, flushed per tile; kFP8, kQ8 or kQ8S (per row: one
-// scale, and for kQ8 one bias, per row, applied at the unit's end). LOADS_ONLY (benchmarks: set_qgemv_ring(2, ...)): the consumers only read the
-// codes, no decode or mma (the outputs are wrong) — what the ring moves without the arithmetic.
+// scale, and for kQ8 one bias, per row, applied at the unit's end). LOADS_ONLY (benchmarks:
+// set_qgemv_ring(2, ...)): the consumers only read the codes, no decode or mma (the outputs are
+// wrong) — what the ring moves without the arithmetic.
 template <int FMT, bool ACT, bool LOADS_ONLY = false>
 __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
