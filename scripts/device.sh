@@ -14,8 +14,10 @@
 # medians of 5 per context; SALA_QPREFILL_RUNS="FORMAT[+w8a8] ..."), the speculative verify/draft costs (spec-costs) and the serving benchmark (serve-bench:
 # scripts/serve_bench.sh, 9B random, concurrency 1/8/32). Missing optional steps are skipped with a message.
 # A short summary table is printed last. Steps can be chosen with
-#   SALA_DEVICE_STEPS="build test bench e2e sala-bench quant-bench quant-quality qgemm quant-prefill decode-fusion kernel-timeline spec-costs serve-bench"
-#   (default: all but quant-quality, qgemm, quant-prefill, decode-fusion, kernel-timeline). kernel-timeline: batch-1 decode
+#   SALA_DEVICE_STEPS="build test bench product-floor e2e sala-bench quant-bench quant-quality qgemm quant-prefill decode-fusion kernel-timeline spec-costs serve-bench"
+#   (default: all but product-floor, quant-quality, qgemm, quant-prefill, decode-fusion, kernel-timeline). product-floor:
+#   `sala_cuda_tests --bench` with SALA_BENCH_ONLY=stream-floor (one 9B token's weight bytes streamed over its products
+#   by loads alone) and =ring (the int4 / fp8 products on the register GEMV, the ring GEMV and its loads alone). kernel-timeline: batch-1 decode
 #   at 4K with `sala bench --kernel-trace` (which kernels the step waits on), per format; SALA_TIMELINE_RUNS="FORMAT[+lm] ...";
 #   every launch in kernels-FORMAT[-lm].csv (tools/kernel_steps.py reads it).
 #   decode-fusion: batch-1 decode at 4K with the
@@ -107,6 +109,19 @@ if want bench; then
     if [ "$LAST_RC" -eq 0 ]; then note bench ok "$LAST_DT" "bench.json"; else note bench FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
   else
     note bench skipped 0 "no $TESTS"
+  fi
+fi
+
+# ---- the products' floor and the ring GEMV (optional: SALA_BENCH_ONLY=stream-floor, =ring) ----
+if want product-floor; then
+  if [ -x "$TESTS" ]; then
+    for section in stream-floor ring; do
+      run "$section" "$OUT/product_floor.log" env SALA_BENCH_ONLY=$section timeout 200 "$TESTS" --bench
+      if [ "$LAST_RC" -eq 0 ]; then note "$section" ok "$LAST_DT" "product_floor.log"
+      else note "$section" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
+    done
+  else
+    note product-floor skipped 0 "no $TESTS"
   fi
 fi
 
@@ -272,6 +287,10 @@ fi
   if [ -f "$OUT/kernel_timeline.log" ]; then  # the tables themselves: few files come back from a device run
     echo "--- kernel timelines (kernel_timeline.log) ---"
     grep -E '^=== |^kernel timeline|^  ' "$OUT/kernel_timeline.log" | sed 's/^/  /'
+  fi
+  if [ -f "$OUT/product_floor.log" ]; then
+    echo "--- the products' floor and the ring GEMV (product_floor.log) ---"
+    grep -E 'ms .*TB/s|us .*GB/s' "$OUT/product_floor.log" | sed 's/^/  /'
   fi
   if [ -f "$OUT/bench.log" ]; then
     echo "--- kernel benchmarks (bench.log) ---"
