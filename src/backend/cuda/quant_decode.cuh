@@ -87,8 +87,7 @@ __device__ __forceinline__ float4 ld_param(const float4* p) {
 // Decode mode of symmetric int8 (QWeight::sym: every bias −128·scale) in the per-row GEMVs (≤ 8
 // rows and the batched 9–32-row kernel): the codes q + 128 decode to q (f16 1024 + c minus 1152
 // with x staged, f32 2²³ + c minus 2²³ + 128 otherwise: exact) and y = s·Σ q·x, so the Σx mma and
-// the bias terms go. Not a storage format: the weight is
-// qlayout::kQ8.
+// the bias terms go. Not a storage format: the weight is qlayout::kQ8.
 constexpr int kQ8S = 4;
 
 // XH (x as f16 in shared memory, N = 1): the A fragment as f16 pairs, one or two instructions per
@@ -115,7 +114,7 @@ __device__ __forceinline__ void decode_a_f16(const uint4& c, int j, uint32_t a[4
       return r;
     };
 #else
-    auto f8x2 = [](uint32_t word, int h) { return qlayout::fp8_f16x2(word, h); };  // e4m3·2^-8 (kFp8Unit)
+    auto f8x2 = [](uint32_t word, int h) { return qlayout::fp8_f16x2(word, h); };  // e4m3·2^-8 (quant_gemv.cu kFp8Unit)
 #endif
     a[0] = f8x2(wg, 0), a[1] = f8x2(wg8, 0), a[2] = f8x2(wg, 1), a[3] = f8x2(wg8, 1);
   }
