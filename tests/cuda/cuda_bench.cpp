@@ -39,6 +39,9 @@ struct Result {
   double frac;    // fraction of the relevant ceiling
 };
 
+// GB/s of `bytes` moved in `us` microseconds.
+double rate(int64_t bytes, double us) { return double(bytes) / (us * 1e-6) / 1e9; }
+
 // Median over 5 batches of `reps` calls, microseconds per call.
 double time_us(CudaBackend& be, int reps, const std::function<void(int)>& fn) {
   cudaEvent_t a, b;
@@ -159,7 +162,6 @@ int run_bench(int argc, char** argv) {
   if (!all_sections && std::strcmp(only_env, "read-rate") == 0) {
     const int sms = be.props().multiProcessorCount;
     auto sink = be.alloc(64);
-    auto rate = [](int64_t bytes, double us) { return double(bytes) / (us * 1e-6) / 1e9; };
     for (int64_t mib : {128, 64, 16}) {
       const int64_t bytes = mib << 20;
       const int copies = int(std::max<int64_t>(2, 512 / mib));
@@ -223,7 +225,6 @@ int run_bench(int argc, char** argv) {
   // register GEMV, the bulk-copy ring GEMV, and the ring's loads without the decode; rotating over
   // copies that L2 cannot hold.
   if (!all_sections && std::strcmp(only_env, "ring") == 0) {
-    auto rate = [](int64_t bytes, double us) { return double(bytes) / (us * 1e-6) / 1e9; };
     auto xb = be.alloc(16384 * 2);
     auto xh = host_rand(16384, 1.f, 5);
     struct P {

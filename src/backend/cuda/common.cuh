@@ -199,6 +199,18 @@ __device__ __forceinline__ void launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
+// The current device's SM count, asked once (launch sizing on the host).
+inline int sm_count() {
+  static const int n = [] {
+    int dev = 0, count = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 132;  // an H100's
+    return count;
+  }();
+  return n;
+}
+
 // Whether the small decode kernels (norms, elementwise, GLA recurrent) are launched with
 // programmatic dependent launch (set by the backend with its PDL knob; one stream, host thread).
 inline bool g_small_pdl = false;

@@ -173,6 +173,12 @@ struct QGemvSet {
   unsigned first[kGemvMaxParts + 1];  // first CTA of each part (filled by the launcher)
   int count;
 };
+// Every part symmetric int8 (QWeight::sym): the GEMVs decode q − 128 without the bias term.
+inline bool symmetric_q8(const QGemvSet& set) {
+  for (int i = 0; i < set.count; ++i)
+    if (!set.part[i].w.sym) return false;
+  return true;
+}
 void launch_qgemv_set(const QGemvSet& set, const void* x, int64_t ldx, Dt dty, int N, int warps, bool pdl,
                       cudaStream_t st, float* split_ws = nullptr, size_t split_ws_floats = 0);
 // The MLP's act = silu(x·gateᵀ)·(x·upᵀ) for N ≤ 8 rows in one launch (bf16 [N, ldact]; gate and up

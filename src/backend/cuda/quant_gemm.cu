@@ -694,17 +694,6 @@ CUtensorMap x_tensor_map(const void* x, int64_t ldx, int64_t in, int N, int bn) 
   return map;
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, count = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 132;  // an H100's
-    return count;
-  }();
-  return n;
-}
-
 // Tokens per CTA: 64 or 128 where that covers N and the pipelined variant runs (the automatic
 // choice), else 256.
 int qgemm_tile_n(int N) {

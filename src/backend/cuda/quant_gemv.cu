@@ -106,7 +106,6 @@ __device__ __forceinline__ uint32_t fp8x2_bf16x2(uint32_t word, int h) {
 
 // The A fragment (a0: row g k0,k1; a1: row g+8 k0,k1; a2: row g k2,k3; a3: row g+8 k2,k3) of
 // mma j from a lane's 16-byte piece.
-
 template <int FMT>
 __device__ __forceinline__ void decode_a(const uint4& c, int j, uint32_t a[4]) {
   if constexpr (FMT == kQ4) {
@@ -864,12 +863,6 @@ struct QArgs {
 };
 
 // Whether every part of a launch is symmetric int8 (QWeight::sym): then it decodes as kQ8S.
-bool symmetric_q8(const QGemvSet& set) {
-  for (int i = 0; i < set.count; ++i)
-    if (!set.part[i].w.sym) return false;
-  return true;
-}
-
 // Shared memory per CTA (static and dynamic) without an opt-in attribute.
 constexpr size_t kDefaultSmemLimit = 48 << 10;
 // PA: the largest code block a CTA copies whole before its dependency wait (two CTAs per SM).
@@ -1237,7 +1230,7 @@ void launch_qgemv_set(const QGemvSet& set, const void* x, int64_t ldx, Dt dty, i
   SALA_CUDA_REQUIRE(w.group == w.in || w.group % 16 == 0, "qgemv: group size must be a multiple of 16");
   SALA_CUDA_REQUIRE(w.in < (int64_t(1) << 30) && ldx < (int64_t(1) << 31), "qgemv: dimensions too large");
   if (warps != 4 && warps != 8 && warps != 16) warps = 0;  // automatic launch shape (qgemv_f)
-  // int4 at one row: the bulk-copy ring GEMV (quant_gemv_ring.cu) unless a launch shape is forced.
+  // One row: the bulk-copy ring GEMV (quant_gemv_ring.cu) where it applies, unless a shape is forced.
   if (warps == 0 && g_small_variant == 0 && g_nt_variant == 0 && qgemv_ring_applies(set, N)) {
     launch_qgemv_ring(set, x, dty == kF32, g_trigger, pdl, st);
     SALA_CUDA_LAUNCH("qgemv ring kernel");
@@ -1275,7 +1268,7 @@ void launch_qgemv_act(const QWeight& gate, const QWeight& up, const void* x, int
   set.part[1] = {up, nullptr, 0};
   set.count = 2;
   if (g_small_variant == 0 && qgemv_ring_applies(set, N)) {  // as launch_qgemv_set: the same sums
-    launch_qgemv_ring_act(gate, up, x, act, g_trigger, pdl, st);
+    launch_qgemv_ring_act(set, x, g_trigger, pdl, st);
     SALA_CUDA_LAUNCH("qgemv ring act kernel");
     return;
   }

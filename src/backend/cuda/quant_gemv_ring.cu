@@ -312,7 +312,7 @@ int env_or(const char* name, int fallback) {
   return e && *e ? std::atoi(e) : fallback;
 }
 int g_ring_mode = env_or("SALA_CUDA_QGEMV_RING", 1) != 0;  // 0: the register GEMV
-int g_ring_formats = env_or("SALA_CUDA_QGEMV_RING_FORMATS", 3);  // bit 0 int4, bit 1 per-row fp8 / int8
+int g_ring_formats = env_or("SALA_CUDA_QGEMV_RING_FORMATS", 3);  // bit 0 int4, bit 1 fp8 / int8
 int g_ring_slots = env_or("SALA_CUDA_QGEMV_RING_SLOTS", -1);  // at most this many chunks in the ring
 int g_ring_pre = env_or("SALA_CUDA_QGEMV_RING_PRE", -1);      // chunks requested before the dependency wait
 // Defaults from the H100 4K batch-1 step (bench/results/2026-11-27-h100-ring-gemv.md): int4 4 chunks
@@ -326,15 +326,6 @@ constexpr int kDefaultSlots = FMT == kQ4 ? kMaxSlots : 10;
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-int device_sms() {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n;
-  }();
-  return sms;
-}
 // sm_90 (bulk copies, mbarrier try_wait) with the shared memory a ring CTA takes.
 bool device_fits() {
   static const bool ok = [] {
@@ -348,11 +339,12 @@ bool device_fits() {
 }
 
 template <int FMT, bool ACT, bool LOADS_ONLY = false>
-void launch_ring_f(RingArgs a, int64_t in, bool pdl, cudaStream_t st) {
+void launch_ring_f(RingArgs a, bool pdl, cudaStream_t st) {
   if constexpr (!LOADS_ONLY) {
-    if (g_ring_mode == 2) return launch_ring_f<FMT, ACT, true>(a, in, pdl, st);
+    if (g_ring_mode == 2) return launch_ring_f<FMT, ACT, true>(a, pdl, st);
   }
-  const size_t fixed = size_t(in) * 2 + size_t(in) / 32 * 4;  // x, Σx per tile
+  const size_t in = size_t(a.set.part[0].w.in);
+  const size_t fixed = in * 2 + in / 32 * 4;  // x, Σx per tile
   const int cap = g_ring_slots >= 2 ? std::min(g_ring_slots, kMaxSlots) : kDefaultSlots<FMT>;
   a.slots = int(std::min<size_t>(cap, (kSmemLimit - fixed - 16 * kMaxSlots) / kSlotBytes<FMT>));
   a.pre = g_ring_pre >= 0 ? g_ring_pre : kDefaultPre<FMT>;
@@ -360,27 +352,20 @@ void launch_ring_f(RingArgs a, int64_t in, bool pdl, cudaStream_t st) {
   static const bool attr = cudaFuncSetAttribute(qgemv_ring_kernel<FMT, ACT, LOADS_ONLY>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemLimit)) == cudaSuccess;
   SALA_CUDA_REQUIRE(attr, "qgemv ring: shared memory attribute refused");
-  const int ctas = std::min(a.units, device_sms());
+  const int ctas = std::min(a.units, sm_count());
   launch_pdl(pdl, qgemv_ring_kernel<FMT, ACT, LOADS_ONLY>, dim3(unsigned(ctas)), dim3(kRingThreads), smem, st, a);
-}
-
-// Symmetric int8 everywhere in the set decodes q − 128 without the bias term (as quant_gemv.cu).
-bool all_symmetric(const QGemvSet& set) {
-  for (int i = 0; i < set.count; ++i)
-    if (!set.part[i].w.sym) return false;
-  return true;
 }
 
 template <bool ACT>
 void launch_ring(const RingArgs& a, bool pdl, cudaStream_t st) {
   const QWeight& w = a.set.part[0].w;
   switch (w.fmt) {
-    case kQ4: return launch_ring_f<kQ4, ACT>(a, w.in, pdl, st);
-    case kFP8: return launch_ring_f<kFP8, ACT>(a, w.in, pdl, st);
+    case kQ4: return launch_ring_f<kQ4, ACT>(a, pdl, st);
+    case kFP8: return launch_ring_f<kFP8, ACT>(a, pdl, st);
     case kQ8:
-      if (w.group != w.in) return launch_ring_f<kQ8G, ACT>(a, w.in, pdl, st);
-      if (all_symmetric(a.set)) return launch_ring_f<kQ8S, ACT>(a, w.in, pdl, st);
-      return launch_ring_f<kQ8, ACT>(a, w.in, pdl, st);
+      if (w.group != w.in) return launch_ring_f<kQ8G, ACT>(a, pdl, st);
+      if (symmetric_q8(a.set)) return launch_ring_f<kQ8S, ACT>(a, pdl, st);
+      return launch_ring_f<kQ8, ACT>(a, pdl, st);
     default: SALA_CUDA_REQUIRE(false, "qgemv ring: unknown packed format");
   }
 }
@@ -424,15 +409,8 @@ void launch_qgemv_ring(const QGemvSet& set, const void* x, bool y_f32, bool trig
   launch_ring<false>(a, pdl, st);
 }
 
-void launch_qgemv_ring_act(const QWeight& gate, const QWeight& up, const void* x, void* act, bool trigger, bool pdl,
-                           cudaStream_t st) {
-  RingArgs a{};
-  a.set.part[0] = {gate, act, 0};
-  a.set.part[1] = {up, nullptr, 0};
-  a.set.count = 2;
-  a.x = static_cast<const bf16*>(x);
-  a.units = int((gate.out + 15) / 16);
-  a.trigger = int(trigger && pdl);
+void launch_qgemv_ring_act(const QGemvSet& set, const void* x, bool trigger, bool pdl, cudaStream_t st) {
+  RingArgs a{set, static_cast<const bf16*>(x), int((set.part[0].w.out + 15) / 16), 0, 0, 0, int(trigger && pdl)};
   launch_ring<true>(a, pdl, st);
 }
 

@@ -15,9 +15,9 @@ namespace sala::cuda {
 bool qgemv_ring_applies(const QGemvSet& set, int N);
 // y = x·Wᵀ for each part (one row x; y bf16 or f32).
 void launch_qgemv_ring(const QGemvSet& set, const void* x, bool y_f32, bool trigger, bool pdl, cudaStream_t st);
+// The MLP pair as launch_qgemv_act lays it out (part 0 gate, its y the activation; part 1 up):
 // act = bf16(silu(bf16(x·gateᵀ)))·bf16(x·upᵀ) rounded to bf16, as the unfused ring GEMV + silu_mul.
-void launch_qgemv_ring_act(const QWeight& gate, const QWeight& up, const void* x, void* act, bool trigger, bool pdl,
-                           cudaStream_t st);
+void launch_qgemv_ring_act(const QGemvSet& set, const void* x, bool trigger, bool pdl, cudaStream_t st);
 // Tests and benchmarks: mode 0 off, 1 on, 2 loads only (wrong outputs: what the ring moves without
 // the decode); pre ≥ 0 chunks requested before the dependency wait, < 0 the format's default
 // (SALA_CUDA_QGEMV_RING_PRE sets the start value).
