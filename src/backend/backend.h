@@ -47,6 +47,8 @@ class Buffer {
 //           columns of a row (group = in: per row):     w = s · q + b
 // int8 (signed, per row) is q + 128 with b = −128·s; int4 symmetric q + 8 with b = −8·s; int4
 // with zero points b = −s·z; MLX affine is this form already (bf16 scales/biases widened to f32).
+// Grouped weights (group < in) are multiplied by their scales and biases rounded to f16 on every
+// backend (quant_layout.h: the CUDA tiles store them so); per-row ones by the f32 values.
 enum class WeightFormat : uint8_t { Dense, FP8, Q8, Q4 };
 const char* weight_format_name(WeightFormat f);  // "dense", "fp8", "q8", "q4"
 
@@ -63,7 +65,8 @@ struct QuantMatrixView {
   std::span<const float> biases;
   int64_t groups() const { return group > 0 ? cols / group : 0; }
   size_t code_bytes() const { return size_t(rows) * size_t(format == WeightFormat::Q4 ? cols / 2 : cols); }
-  // Throws sala::Error naming `name` when sizes, group or codes (e4m3 NaN) are inconsistent.
+  // Throws sala::Error naming `name` when sizes, group or codes (e4m3 NaN) are inconsistent, or a
+  // grouped weight's scale or bias is beyond f16's range.
   void validate(const std::string& name) const;
 };
 

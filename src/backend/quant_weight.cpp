@@ -46,6 +46,12 @@ void QuantMatrixView::validate(const std::string& name) const {
   for (size_t i = 0; i < np; ++i)
     SALA_CHECK(std::isfinite(scales[i]) && (biases.empty() || std::isfinite(biases[i])),
                "{}: non-finite scale or bias at row {}, group {}", name, int64_t(i) / groups(), int64_t(i) % groups());
+  if (group < cols)  // held as f16 (quant_layout.h)
+    for (size_t i = 0; i < np; ++i)
+      SALA_CHECK(std::isfinite(qlayout::group_param(scales[i])) && std::isfinite(qlayout::group_param(biases[i])),
+                 "{}: scale {} or bias {} at row {}, group {} is beyond f16's range (grouped weights hold their "
+                 "parameters in f16)",
+                 name, scales[i], biases[i], int64_t(i) / groups(), int64_t(i) % groups());
 }
 
 Weight Backend::random_quantized_weight(WeightFormat format, int64_t rows, int64_t cols, int64_t group, float std,

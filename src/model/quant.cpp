@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "backend/quant_layout.h"
 #include "core/error.h"
 #include "core/threads.h"
 #include "io/safetensors.h"
@@ -142,6 +143,22 @@ Shape QuantizedMatrix::scale_shape() const {
 
 namespace {
 
+// An int4 group scale as stored. The backends multiply by f16 scales and biases (backend.h), and
+// int4's bias is −s·z: so the scale is an f16 value, and with zero points one of 7 significant
+// bits (rounded up: no code clips), whose products with z ≤ 15 fit f16's 11 — the bias the
+// backends hold is then exactly the checkpoint's s·(q − z). (A coarser grid by < 0.8%: far under
+// the int4 rounding itself.) 1 where the scale would be 0 (an all-zero or vanishing group).
+float int4_scale(float s, bool zero_points) {
+  if (zero_points && s > 0) {
+    int e;
+    const float m = std::frexp(s, &e);  // s = m · 2^e, m in [0.5, 1)
+    s = std::ldexp(std::ceil(m * 128.f) / 128.f, e);
+  }
+  const float r = qlayout::group_param(s);
+  SALA_CHECK(std::isfinite(r), "int4 group scale {} is beyond f16's range (weights of magnitude {})", s, 7.f * s);
+  return r > 0 ? r : 1.f;
+}
+
 void check_fits(QuantFormat format, int64_t cols, int group, int bits, const std::string& name) {
   if (format == QuantFormat::INT4 || format == QuantFormat::MLX) {
     SALA_CHECK(group > 0 && cols % group == 0, "{}: {} input columns are not a multiple of the group size {}", name,
@@ -202,17 +219,19 @@ QuantizedMatrix quantize_matrix(const float* w, int64_t rows, int64_t cols, Quan
           for (int64_t g = 0; g < groups; ++g) {
             const float* x = w + r * cols + g * group;
             uint8_t* dst = q.data.data() + (r * cols + g * group) / 2;
+            // The scale is rounded as stored (int4_scale) before the codes are chosen: the codes are
+            // the best ones for the scale that is used.
             if (!zero_points) {
               float amax = 0;
               for (int j = 0; j < group; ++j) amax = std::max(amax, std::fabs(x[j]));
-              const float scale = amax > 0 ? amax / 7.f : 1.f;
+              const float scale = int4_scale(amax / 7.f, false);
               q.scales[size_t(r * groups + g)] = scale;
               for (int j = 0; j < group; ++j) vals[size_t(j)] = int(std::clamp(std::nearbyint(x[j] / scale), -8.f, 7.f));
             } else {
               float mn = x[0], mx = x[0];
               for (int j = 0; j < group; ++j) mn = std::min(mn, x[j]), mx = std::max(mx, x[j]);
               mn = std::min(mn, 0.f), mx = std::max(mx, 0.f);  // zero stays exactly representable
-              const float scale = mx > mn ? (mx - mn) / 15.f : 1.f;
+              const float scale = int4_scale((mx - mn) / 15.f, true);
               const int zero = int(std::clamp(std::nearbyint(-mn / scale), 0.f, 15.f));
               q.scales[size_t(r * groups + g)] = scale;
               q.zeros[size_t(r * groups + g)] = uint8_t(zero);
@@ -484,7 +503,7 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
       record({t.name, t.shape, "", err});
     });
     const Shape ss = shape_of.scale_shape();
-    const DType sdt = mlx ? DType::BF16 : DType::F32;
+    const DType sdt = mlx ? DType::BF16 : opt.format == QuantFormat::INT4 ? DType::F16 : DType::F32;
     report->bytes_out += shape_numel(shape_of.data_shape()) * dtype_size(shape_of.data_dtype()) +
                          shape_numel(ss) * dtype_size(sdt) * (mlx ? 2 : 1) + (zeros ? shape_numel(ss) : 0);
     writer.add(mlx ? base + ".scales" : t.name + "_scale", sdt, ss, [=](uint8_t* dst) {

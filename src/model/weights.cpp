@@ -1,9 +1,11 @@
 #include "model/weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
 
+#include "backend/quant_layout.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/quant.h"
@@ -264,6 +266,8 @@ ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt, Backend&
   }
 
   std::vector<std::string> dequantized;
+  int64_t rounded = 0, stored = 0;
+  double max_rel = 0;
   ModelWeights mw = assemble(c, [&](const std::string& name, bool gathered) {
     const TensorView& v = ckpt.get(name);
     if (v.shape.size() == 1) return backend.load_vector(v);
@@ -281,9 +285,22 @@ ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt, Backend&
       return backend.load_weight(TensorView{w.data(), DType::F32, t.shape});
     }
     const PackedMatrix pm = pack_views(p.format, p.group, p.bits, t.shape[0], t.shape[1], v, ckpt.get(p.scale), zero, bias);
+    if (pm.group < pm.cols) {  // grouped: held as f16; note what the checkpoint stored finer
+      auto count = [&](const std::vector<float>& values) {
+        for (const float x : values) {
+          const float r = qlayout::group_param(x);
+          rounded += r != x;
+          stored += 1;
+          if (x != 0) max_rel = std::max(max_rel, std::fabs(double(r) - double(x)) / std::fabs(double(x)));
+        }
+      };
+      count(pm.scales);
+      if (bias) count(pm.biases);  // stored biases (MLX); int4's −s·z is the format's own
+    }
     return backend.load_quantized_weight(pm.view(), name);
   });
   mw.dequantized = std::move(dequantized);
+  mw.params_rounded = rounded, mw.params_stored = stored, mw.params_rounded_max_rel = max_rel;
   return mw;
 }
 
@@ -394,6 +411,10 @@ std::string describe_weight_formats(const ModelConfig& c, const ModelWeights& mw
     s += "; dequantized at load (gathered, not multiplied):";
     for (const auto& n : mw.dequantized) s += " " + n;
   }
+  if (mw.params_rounded > 0)
+    s += fmt::format("; {} of {} group scales/biases rounded to f16 as the backends hold them (largest change {:.1e} "
+                     "relative; the checkpoint stores them finer)",
+                     mw.params_rounded, mw.params_stored, mw.params_rounded_max_rel);
   return s;
 }
 

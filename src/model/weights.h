@@ -32,6 +32,11 @@ struct ModelWeights {
   // Checkpoint tensors stored quantized but loaded dense: the embedding table (a gather reads one
   // row per token, so packing it would save memory, not bandwidth). Listed by load_model_verbose.
   std::vector<std::string> dequantized;
+  // Group scales and biases the checkpoint stores beyond f16's precision (f32 ones, as `sala
+  // quantize` wrote before 2026-11-27), which the backends round to f16 (backend.h): how many of
+  // how many, and the largest relative change. Listed by describe_weight_formats.
+  int64_t params_rounded = 0, params_stored = 0;
+  double params_rounded_max_rel = 0;
 };
 
 // One expected tensor: its checkpoint name and shape.

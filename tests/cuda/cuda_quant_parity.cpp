@@ -166,11 +166,11 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
         const qlayout::TileGeom geo{int(pm.format), pm.rows, pm.cols, pm.group};
         std::vector<uint8_t> host(size_t(geo.code_bytes())), dev(host.size());
         qlayout::tile_codes(geo, pm.codes.data(), host.data());
-        std::vector<float> hp(size_t(geo.param_floats())), dp(hp.size());
+        std::vector<uint8_t> hp(size_t(geo.param_bytes())), dp(hp.size());
         qlayout::tile_params(geo, pm.scales.data(), pm.biases.empty() ? nullptr : pm.biases.data(), hp.data());
         gpu.synchronize();
         cudaMemcpy(dev.data(), wg.w.data, dev.size(), cudaMemcpyDeviceToHost);
-        cudaMemcpy(dp.data(), wg.scales, dp.size() * 4, cudaMemcpyDeviceToHost);
+        cudaMemcpy(dp.data(), wg.scales, dp.size(), cudaMemcpyDeviceToHost);
         check(host == dev && hp == dp, strf("packed tiles %s %s == host layout", f.name, shape.c_str()),
               strf("%zu code bytes, %zu params", host.size(), hp.size()));
       }

@@ -362,7 +362,7 @@ std::vector<float> emulate_qgemv(const QuantMatrixView& q, const std::vector<flo
   const TileGeom geo{fmt, q.rows, q.cols, q.group};
   std::vector<uint8_t> tiles(size_t(geo.code_bytes()));
   tile_codes(geo, q.codes.data(), tiles.data());
-  std::vector<float> params(size_t(geo.param_floats()));
+  std::vector<uint8_t> params(size_t(geo.param_bytes()));
   tile_params(geo, q.scales.data(), q.biases.empty() ? nullptr : q.biases.data(), params.data());
   const int64_t in = q.cols, G = q.group, ktiles = geo.ktiles(), groups = geo.groups();
   const bool per_row = G == in, tile_group = !per_row && G % KT == 0, bias = fmt != kFP8;
@@ -373,7 +373,8 @@ std::vector<float> emulate_qgemv(const QuantMatrixView& q, const std::vector<flo
       float cf[32][4] = {}, cq[32][4] = {}, cx[32][4] = {};
       auto flush = [&](int64_t gi) {
         for (int lane = 0; lane < 32; ++lane) {
-          const float* p = &params[size_t(((rb * groups + gi) * 8 + lane / 4) * 4)];
+          float p[4];
+          param_at(geo, params.data(), rb, gi, lane / 4, p);
           float s0 = p[0], b0 = p[1], s1 = p[2], b1 = p[3];
           if (fmt == kFP8) s0 *= 256.f, s1 *= 256.f;
           if (fmt == kQ4) b0 = std::fma(-128.f, s0, b0), b1 = std::fma(-128.f, s1, b1);
@@ -519,12 +520,16 @@ struct TmpDir {
   ~TmpDir() { fs::remove_all(path); }
 };
 
-std::vector<float> logits(const fs::path& dir, const std::vector<int32_t>& seq, ModelWeights* formats = nullptr) {
+std::vector<float> logits(const fs::path& dir, const std::vector<int32_t>& seq, ModelWeights* formats = nullptr,
+                          std::string* description = nullptr) {
   CpuBackend backend(2);
   LoadedModel m = load_model(dir.string(), backend, {.max_batch_tokens = 16, .max_logit_rows = 16});
+  if (description) *description = describe_weight_formats(m.config, m.model->weights());
   if (formats) {
     const ModelWeights& w = m.model->weights();
     formats->dequantized = w.dequantized;
+    formats->params_rounded = w.params_rounded, formats->params_stored = w.params_stored;
+    formats->params_rounded_max_rel = w.params_rounded_max_rel;
     formats->embed.format = w.embed.format;
     formats->lm_head.format = w.lm_head.format;
     for (const auto& l : w.layers) {
@@ -598,6 +603,49 @@ TEST(PackedModel, QuantizedCheckpointsLoadPackedAndMatchTheirDequantizedCopy) {
     EXPECT_TRUE(formats.dequantized.empty());
     EXPECT_LT(rel_err(packed, dense), 2e-5);
   }
+}
+
+// Group scales stored finer than f16 (an int4 checkpoint of before 2026-11-27 kept them in f32) are
+// held rounded to f16: the model computes exactly what the checkpoint with those rounded scales
+// gives, and says how many it rounded.
+TEST(PackedModel, FinerGroupScalesAreRoundedToF16AndNoted) {
+  TmpDir tmp;
+  const ModelConfig cfg = preset_config("tiny");
+  write_random_checkpoint(tmp.path / "f32", cfg, {.seed = 5, .dtype = DType::F32});
+  quantize_checkpoint(tmp.path / "f32", tmp.path / "int4", {QuantFormat::INT4, 32, false, 4});
+  // The same codes with f32 scales off the f16 grid (× (1 + 3e-5)), and with those rounded back.
+  for (const bool rounded : {false, true}) {
+    Checkpoint ck(tmp.path / "int4");
+    SafetensorsWriter w;
+    std::vector<std::vector<float>> keep;
+    for (const auto& [name, v] : ck.tensors()) {
+      if (name.size() < 6 || name.substr(name.size() - 6) != "_scale") {
+        w.add(name, v);
+        continue;
+      }
+      keep.emplace_back(size_t(v.numel()));
+      convert_to_f32(v.data, v.dtype, keep.back().data(), keep.back().size());
+      for (float& x : keep.back()) x = rounded ? qlayout::group_param(x * 1.00003f) : x * 1.00003f;
+      w.add(name, TensorView{keep.back().data(), DType::F32, v.shape});
+    }
+    const fs::path dir = tmp.path / (rounded ? "rounded" : "finer");
+    fs::create_directories(dir);
+    fs::copy_file(tmp.path / "int4" / "config.json", dir / "config.json");
+    w.write(dir / "model.safetensors");
+  }
+  std::vector<int32_t> seq(60);
+  for (size_t i = 0; i < seq.size(); ++i) seq[i] = int32_t(3 + (i * 29 + 5) % 500);
+  ModelWeights finer_w, rounded_w;
+  std::string finer_d, rounded_d;
+  const auto finer = logits(tmp.path / "finer", seq, &finer_w, &finer_d);
+  const auto rounded = logits(tmp.path / "rounded", seq, &rounded_w, &rounded_d);
+  EXPECT_EQ(finer, rounded);
+  EXPECT_GT(finer_w.params_rounded, finer_w.params_stored / 2);  // (a few may land on the grid)
+  EXPECT_EQ(rounded_w.params_rounded, 0);
+  EXPECT_GT(finer_w.params_rounded_max_rel, 0);
+  EXPECT_LE(finer_w.params_rounded_max_rel, 1.0 / 2048);
+  EXPECT_NE(finer_d.find("rounded to f16"), std::string::npos) << finer_d;
+  EXPECT_EQ(rounded_d.find("rounded to f16"), std::string::npos) << rounded_d;
 }
 
 // MLX checkpoints may quantize the embedding and lm_head: the lm_head then stays packed, the

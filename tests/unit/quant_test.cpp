@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/quant_layout.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/threads.h"
@@ -105,8 +106,8 @@ TEST(QuantPack, Int4SymmetricGroupsAreIndependent) {
   QuantizedMatrix q = quantize_matrix(w, 1, 8, QuantFormat::INT4, 4, false);
   ASSERT_EQ(q.data_shape(), (Shape{1, 4}));
   ASSERT_EQ(q.scale_shape(), (Shape{1, 2}));
-  EXPECT_NEAR(q.scales[0], 0.1f, 1e-7);
-  EXPECT_NEAR(q.scales[1], 8.f / 7.f, 1e-6);
+  EXPECT_EQ(q.scales[0], qlayout::group_param(0.1f));  // stored as the f16 the backends hold
+  EXPECT_EQ(q.scales[1], qlayout::group_param(8.f / 7.f));
   EXPECT_EQ(q.data[0], pack_int4(7, -7));
   EXPECT_EQ(q.data[1], pack_int4(1, -3));
   EXPECT_EQ(unpack_int4_signed(q.data[2], 0), 7);
@@ -115,8 +116,8 @@ TEST(QuantPack, Int4SymmetricGroupsAreIndependent) {
   dequantize_matrix(q, back);
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(back[i], w[i], 0.05f + 1e-6f) << i;
   for (int i = 4; i < 8; ++i) EXPECT_NEAR(back[i], w[i], 4.f / 7.f + 1e-6f) << i;
-  EXPECT_FLOAT_EQ(back[0], 0.7f);
-  EXPECT_FLOAT_EQ(back[4], 8.f);
+  EXPECT_NEAR(back[0], 0.7f, 0.7f / 2048);  // 7 · the f16 scale
+  EXPECT_NEAR(back[4], 8.f, 8.f / 2048);
 }
 
 TEST(QuantPack, Int4ZeroPointsCoverAsymmetricRange) {
@@ -138,12 +139,29 @@ TEST(QuantPack, Int4ZeroPointsCoverAsymmetricRange) {
   // A group with negative values: zero point in the middle.
   const float n[4] = {-3.f, -1.f, 0.f, 1.5f};
   QuantizedMatrix qn = quantize_matrix(n, 1, 4, QuantFormat::INT4, 4, true);
-  EXPECT_NEAR(qn.scales[0], 4.5f / 15.f, 1e-6);
-  EXPECT_EQ(qn.zeros[0], 10);  // round(3 / 0.3)
+  // The scale 0.3 rounded up to 7 significant bits (int4_scale): 77/128 · 2^-1.
+  EXPECT_EQ(qn.scales[0], 0.30078125f);
+  EXPECT_EQ(qn.zeros[0], 10);  // round(3 / 0.3008)
   float bn[4];
   dequantize_matrix(qn, bn);
   EXPECT_FLOAT_EQ(bn[2], 0.f);
-  EXPECT_NEAR(bn[0], -3.f, 1e-5);
+  EXPECT_NEAR(bn[0], -3.f, qn.scales[0] / 2);
+}
+
+TEST(QuantPack, Int4BiasesAreExactInF16) {
+  // The backends hold grouped scales and biases as f16 (backend.h); the quantizer's scales make
+  // the packed bias −s·z (−8·s symmetric) an exact f16, so packed products equal the checkpoint's
+  // dequantized values. Weights over several magnitudes, both variants.
+  std::vector<float> w(size_t(32 * 256));
+  for (size_t i = 0; i < w.size(); ++i)
+    w[i] = std::ldexp(float(int((i * 2654435761u) % 2001) - 900) / 1000.f, -int(i / 512) % 12);
+  for (const bool zp : {true, false}) {
+    const PackedMatrix p = pack_matrix(quantize_matrix(w.data(), 32, 256, QuantFormat::INT4, 64, zp));
+    for (size_t i = 0; i < p.scales.size(); ++i) {
+      ASSERT_EQ(qlayout::group_param(p.scales[i]), p.scales[i]) << i;
+      ASSERT_EQ(qlayout::group_param(p.biases[i]), p.biases[i]) << i << (zp ? " zero points" : " symmetric");
+    }
+  }
 }
 
 TEST(QuantPack, Fp8AndInt8PerChannel) {

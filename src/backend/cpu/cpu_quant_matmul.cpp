@@ -15,6 +15,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_dot.h"
+#include "backend/quant_layout.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -98,6 +99,8 @@ Weight CpuBackend::load_quantized_weight(const QuantMatrixView& q, const std::st
   float* sc = reinterpret_cast<float*>(base + code_bytes);
   std::copy(q.scales.begin(), q.scales.end(), sc);
   if (!q.biases.empty()) std::copy(q.biases.begin(), q.biases.end(), sc + np);
+  if (q.group < q.cols)  // grouped: the f16 values every backend multiplies by (backend.h)
+    for (size_t i = 0; i < np * (q.biases.empty() ? 1 : 2); ++i) sc[i] = qlayout::group_param(sc[i]);
   w.w = Mat{base, DType::U8, q.rows, q.cols};
   w.format = q.format;
   w.group = q.group;

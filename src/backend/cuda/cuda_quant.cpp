@@ -81,12 +81,12 @@ void check_packable(WeightFormat f, int64_t rows, int64_t cols, int64_t group, c
 }  // namespace
 
 cuda::QWeight CudaBackend::qweight(const Weight& w) {
-  return {int(w.format), w.w.data, static_cast<const float*>(w.scales), w.out(), w.in(), w.group, int(w.q8_symmetric)};
+  return {int(w.format), w.w.data, w.scales, w.out(), w.in(), w.group, int(w.q8_symmetric)};
 }
 
 Weight CudaBackend::alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group) {
   const qlayout::TileGeom geo{fmt, rows, cols, group};
-  const size_t code_bytes = size_t(geo.code_bytes()), param_bytes = size_t(geo.param_floats()) * 4;
+  const size_t code_bytes = size_t(geo.code_bytes()), param_bytes = size_t(geo.param_bytes());
   Weight w;
   w.storage = alloc(align256(code_bytes) + param_bytes);
   auto* base = static_cast<uint8_t*>(w.storage->data());
@@ -109,10 +109,10 @@ Weight CudaBackend::load_quantized_weight(const QuantMatrixView& q, const std::s
   auto staging = alloc(q.code_bytes());
   SALA_CUDA_CHECK(cudaMemcpyAsync(staging->data(), q.codes.data(), q.code_bytes(), cudaMemcpyHostToDevice, stream_));
   cuda::launch_qtile(qweight(w), staging->data(), w.w.data, stream_);
-  // Scales and biases (rows × groups values): interleaved into float4 tiles on the host.
-  std::vector<float> params(size_t(geo.param_floats()));
+  // Scales and biases (rows × groups values): interleaved into their tiles on the host.
+  std::vector<uint8_t> params(size_t(geo.param_bytes()));
   qlayout::tile_params(geo, q.scales.data(), q.biases.empty() ? nullptr : q.biases.data(), params.data());
-  SALA_CUDA_CHECK(cudaMemcpyAsync(w.scales, params.data(), params.size() * 4, cudaMemcpyHostToDevice, stream_));
+  SALA_CUDA_CHECK(cudaMemcpyAsync(w.scales, params.data(), params.size(), cudaMemcpyHostToDevice, stream_));
   SALA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // staging and params are freed on return
   w.q8_symmetric = q.format == WeightFormat::Q8 && q.group == q.cols && q.biases.size() == q.scales.size() &&
                    std::equal(q.biases.begin(), q.biases.end(), q.scales.begin(),
@@ -131,7 +131,7 @@ Weight CudaBackend::random_quantized_weight(WeightFormat format, int64_t rows, i
   float s, b;
   qlayout::random_params(int(format), std, &s, &b);
   w.q8_symmetric = format == WeightFormat::Q8 && group == cols && b == -128.f * s;  // each row scales both by f
-  cuda::launch_qrandom(qweight(w), w.w.data, static_cast<float*>(w.scales), s, b, seed, stream_);
+  cuda::launch_qrandom(qweight(w), w.w.data, w.scales, s, b, seed, stream_);
   SALA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return w;
 }

@@ -126,7 +126,7 @@ void launch_gemv_set(const void* x, Dt dtx, int64_t ldx, GemvSet set, int64_t in
 struct QWeight {
   int fmt;              // qlayout::kFP8, kQ8, kQ4
   const void* codes;    // tile layout
-  const float* params;  // float4 tiles {s, b, s, b}
+  const void* params;   // tiles {s, b, s, b}: f32 per row, f16 grouped (quant_layout.h)
   int64_t out, in, group;  // group == in: one scale per row
   int sym = 0;  // Q8 per row, every bias −128·scale (symmetric int8): the GEMV decodes q − 128, no Σx
 };
@@ -211,7 +211,7 @@ void launch_qrequant_int8(const QWeight& w, int64_t row0, int64_t rows, void* co
 void launch_qtile(const QWeight& w, const void* canonical, void* tiles, cudaStream_t st);
 // Random codes (no fp8 NaN codes) and params {s·f, b·f}, f ∈ [0.75, 1.25) per (row, group);
 // padded rows get s = b = 0.
-void launch_qrandom(const QWeight& w, void* codes, float* params, float scale, float bias, uint64_t seed,
+void launch_qrandom(const QWeight& w, void* codes, void* params, float scale, float bias, uint64_t seed,
                     cudaStream_t st);
 
 // ---- lightning (gla.cu) ----

@@ -78,10 +78,29 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
 #endif
 }
 
+// Parameter tiles (quant_layout.h): {s(row g), b(row g), s(row g + 8), b(row g + 8)} at
+// (rb·groups + gi)·8 + g — a float4 for per-row weights, four f16 (a uint2) for grouped ones.
 __device__ __forceinline__ float4 ld_param(const float4* p) {
   float4 v;
   asm volatile("ld.global.nc.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
   return v;
+}
+__device__ __forceinline__ uint2 ld_gparam(const uint2* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+// A grouped weight's four f16 parameters as f32 (exact).
+__device__ __forceinline__ float4 gparam_f32(uint2 h) {
+  const float2 a = f16x2_to_float2(h.x), b = f16x2_to_float2(h.y);
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+// The parameters of (row block rb, group gi, lane group g), whichever the layout.
+__device__ __forceinline__ float4 param_at(const void* params, bool grouped, int64_t rb, int64_t groups, int64_t gi,
+                                           int g) {
+  const int64_t i = (rb * groups + gi) * 8 + g;
+  return grouped ? gparam_f32(ld_gparam(static_cast<const uint2*>(params) + i))
+                 : ld_param(static_cast<const float4*>(params) + i);
 }
 
 // Decode mode of symmetric int8 (QWeight::sym: every bias −128·scale) in the per-row GEMVs (≤ 8

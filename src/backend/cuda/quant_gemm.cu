@@ -307,7 +307,8 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(BN))
   const int sbeg = kr.first, stages = kr.count;
   const bool per_row = w.group == w.in;
   const uint4* codes = static_cast<const uint4*>(w.codes) + (live ? rb : 0) * (w.in / KT) * 32 + lane;
-  const float4* params = reinterpret_cast<const float4*>(w.params) + (live ? rb : 0) * (w.in / w.group) * 8 + g;
+  const int64_t prb = live ? rb : 0;  // parameter tiles: f32 per row, f16 grouped (quant_layout.h)
+  const uint2* params = static_cast<const uint2*>(w.params) + prb * (w.in / w.group) * 8 + g;
 
   // This thread's share of stage s's x tile into its buffer (rows past N zero-filled).
   auto copy_x = [&](int s) {
@@ -327,7 +328,7 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(BN))
     if (live && s < stages) {
 #pragma unroll
       for (int i = 0; i < CT; ++i) c[i] = ld_stream(codes + (int64_t(sbeg + s) * CT + i) * 32);
-      if (!per_row) p = ld_param(params + int64_t(sbeg + s) * kBK / w.group * 8);
+      if (!per_row) p = gparam_f32(ld_gparam(params + int64_t(sbeg + s) * kBK / w.group * 8));
     } else {
 #pragma unroll
       for (int i = 0; i < CT; ++i) c[i] = make_uint4(0, 0, 0, 0);
@@ -341,7 +342,8 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(BN))
   for (int i = 0; i < kAcc; ++i) keep(acc[i]);
   uint4 cbuf[2][CT];
   float4 pbuf[2];
-  pbuf[0] = pbuf[1] = live ? ld_param(params) : make_float4(0.f, 0.f, 0.f, 0.f);  // per-row formats: for good
+  pbuf[0] = pbuf[1] = live && per_row ? ld_param(static_cast<const float4*>(w.params) + prb * 8 + g)
+                                      : make_float4(0.f, 0.f, 0.f, 0.f);  // per-row formats: for good
   constexpr bool OVERLAP = VARIANT == kOverlapped;
   uint32_t a[OVERLAP ? 2 : 1][4][4];
   const bool early = VARIANT == kSkewed && warp >= 4;  // warpgroup 1 of the skewed variant
@@ -522,15 +524,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         bulk_load(slot + r * kRbBytes, wcodes + ((rb0 + r) * ktiles + int64_t(sbeg + s) * CT) * kTileBytes, kRbBytes,
                   bar);
     };
-    const float4* params[2];
+    int64_t prb[2];  // the parameter tiles' row blocks: f32 per row, f16 grouped (quant_layout.h)
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-      params[r] = reinterpret_cast<const float4*>(w.params) + (r < live ? rb0 + r : 0) * (w.in / w.group) * 8 + g;
+    for (int r = 0; r < 2; ++r) prb[r] = r < live ? rb0 + r : 0;
     // {s, b} of rows g, g + 8 per row block: per-row formats once; grouped ones a stage ahead.
     auto load_params = [&](int s, float4 (&pp)[2]) {
       if (s >= stages) return;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) pp[r] = ld_param(params[r] + int64_t(sbeg + s) * kBK / w.group * 8);
+      for (int r = 0; r < 2; ++r)
+        pp[r] = param_at(w.params, !per_row, prb[r], w.in / w.group, int64_t(sbeg + s) * kBK / w.group, g);
     };
     auto decode = [&](uint32_t stage, const float4 (&pp)[2]) {
       const uint32_t a_tile = stage, code_slot = stage + kABytes + kXBytes + uint32_t(2 * pw) * kRbBytes + 16 * lane;

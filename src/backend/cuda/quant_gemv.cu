@@ -3,10 +3,10 @@
 // canonical codes at load, and random packed weights for benchmarks. Layout: quant_layout.h.
 //
 // Speed of light (decode, N ≤ 32 rows per launch): the packed bytes once per call. Per weight:
-//   Q4 group 64: 0.5 B codes + 8 B (s, b as f32) / 64 = 0.625 B   (bf16: 2 B → 3.2× less)
+//   Q4 group 64: 0.5 B codes + 4 B (s, b as f16) / 64 = 0.5625 B  (bf16: 2 B → 3.6× less)
 //   Q8 / FP8 per row: 1 B + 8 B per row ≈ 1.0 B                     (2× less)
 //   H200 (4.8 TB/s, 132 SMs at ~1.75 GHz): 20.8 B/clk/SM → one 512-byte code tile per ~25 clk
-//   (8-bit) or per ~31 clk with its 128 bytes of Q4 group params. 4096×4096 Q4 is 10.5 MB →
+//   (8-bit) or per ~28 clk with its 64 bytes of Q4 group params. 4096×4096 Q4 is 9.4 MB →
 //   2.2 µs, about twice the ~1 µs load latency under load: small matrices are latency bound, so
 //   every byte should be requested at once (each SM owns ~80 KB of it).
 //
@@ -223,7 +223,7 @@ __device__ __forceinline__ void store_y(const QGemvPart& part, int n, int64_t o,
 // flushes after mma steps 1 and 3, no division per step); 0: any group, found at run time.
 // XH: N = 1, x staged once per CTA into shared memory as f16 (dynamic, in·2 bytes) and the mma
 // in f16 (decode_a_f16): FP8 and Q8 only.
-// SP: grouped formats; the CTA's group parameters (R row blocks × in/group × 128 bytes) are
+// SP: grouped formats; the CTA's group parameters (R row blocks × in/group × 64 bytes of f16) are
 // copied into shared memory with cp.async before griddepcontrol.wait, so a tile's flush reads
 // them from shared memory instead of waiting on a global load of its own (LP put one memory
 // latency per tile on each warp's critical path).
@@ -257,31 +257,33 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   // in and group are the same for every part: read from part 0 (constant-bank operands).
   const int in = int(set.part[0].w.in), G = int(set.part[0].w.group), ktiles = (in + KT - 1) / KT, groups = in / G;
   const int rbs = int((w.out + 15) / 16), rb0 = pb.rb0;
+  const bool per_row = PR || G == in;               // one flush at the end
   const uint4* codes[R];
-  const float4* params[R];
+  const uint2* params[R];  // grouped: f16 tiles (quant_layout.h)
+  float4 prow[R];          // per row: the f32 tile, for good
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const QWeight& wr = ACT ? set.part[r].w : w;
     const int rb = ACT ? rb0 : min(rb0 + r, rbs - 1);  // a missing second row block re-reads the last one (not stored)
     codes[r] = static_cast<const uint4*>(wr.codes) + size_t(rb) * size_t(ktiles) * 32 + lane;
-    params[r] = reinterpret_cast<const float4*>(wr.params) + size_t(rb) * size_t(groups) * 8 + g;
+    params[r] = static_cast<const uint2*>(wr.params) + size_t(rb) * size_t(groups) * 8 + g;
+    prow[r] = per_row ? ld_param(static_cast<const float4*>(wr.params) + size_t(rb) * 8 + g) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  const bool per_row = PR || G == in;               // one flush at the end
   const bool tile_group = TG == 1 || (!per_row && G % KT == 0);  // every tile inside one group: flush per tile
   // Group of tile k: k / (G / KT) — a shift when that is a power of two (no division per tile).
   const uint32_t tpg = tile_group ? uint32_t(G / KT) : 1u, G32 = uint32_t(G);
   const int tpg_shift = (tpg & (tpg - 1)) == 0 ? __ffs(int(tpg)) - 1 : -1;
   const int step = W * U, stages = (ktiles + step - 1) / step;
-  // SP: row block r's float4 of group gi and lane group g at sp[(r·groups + gi)·8 + g].
-  float4* sp = reinterpret_cast<float4*>(dyn_smem);
-  uint2* xh = reinterpret_cast<uint2*>(dyn_smem + (SP ? R * groups * 8 : 0));  // XH: x[0, 4i..4i+3]·kXhScale as f16
+  // SP: row block r's f16 parameters of group gi and lane group g at sp[(r·groups + gi)·8 + g].
+  uint2* sp = reinterpret_cast<uint2*>(dyn_smem);
+  uint2* xh = reinterpret_cast<uint2*>(dyn_smem + (SP ? R * groups * 4 : 0));  // XH: x[0, 4i..4i+3]·kXhScale as f16
   uint4* const pa = reinterpret_cast<uint4*>(xh) + xh_pieces(in);  // PA: row block r's tiles at pa[r·ktiles·32 ..]
 
   uint4 cwA[R][U], cwB[R][U];
-  float4 ptA[R][U], ptB[R][U];
+  uint2 ptA[R][U], ptB[R][U];
   const uint4 zero4 = make_uint4(0, 0, 0, 0);
-  const float4 zero4f = make_float4(0.f, 0.f, 0.f, 0.f);
-  auto load = [&](int s, uint4 (&cw)[R][U], float4 (&pt)[R][U]) {
+  const uint2 zero2 = make_uint2(0, 0);
+  auto load = [&](int s, uint4 (&cw)[R][U], uint2 (&pt)[R][U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k = s * step + warp + W * u;
@@ -290,7 +292,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         cw[r][u] = !ok ? zero4 : PA ? pa[(r * ktiles + k) * 32 + lane] : ld_stream(codes[r] + k * 32);
-        pt[r][u] = !LP && !SP && tile_group && ok ? ld_param(params[r] + gi * 8) : zero4f;
+        pt[r][u] = !LP && !SP && tile_group && ok ? ld_gparam(params[r] + gi * 8) : zero2;
       }
     }
   };
@@ -300,8 +302,8 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   if constexpr (SP) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
-      cp_async_pieces<W * 32>(reinterpret_cast<uint4*>(sp) + r * groups * 8,
-                              reinterpret_cast<const uint4*>(params[r] - g), groups * 8);
+      cp_async_pieces<W * 32>(reinterpret_cast<uint4*>(sp) + r * groups * 4,
+                              reinterpret_cast<const uint4*>(params[r] - g), groups * 4);
     cp_async_commit();
   }
   __shared__ uint64_t pa_bar;  // PA (sm_90): completes when the code block has landed
@@ -324,9 +326,6 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
     load(0, cwA, ptA);
     if (stages > 1) load(1, cwB, ptB);
   }
-  float4 prow[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) prow[r] = per_row ? ld_param(params[r]) : zero4f;
   grid_dep_wait();
   if (trigger) launch_dependents();
   if constexpr (XH) {
@@ -371,17 +370,17 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
       for (int i = 0; i < 4; ++i) cx[nt][i] = 0.f;
   };
 
-  auto compute = [&](int s, const uint4 (&cw)[R][U], const float4 (&pt)[R][U]) {
+  auto compute = [&](int s, const uint4 (&cw)[R][U], const uint2 (&pt)[R][U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k = s * step + warp + W * u;
       if (k >= ktiles) break;
-      float4 lp[R];
+      uint2 lp[R];
       if constexpr (LP || SP) {
         const uint32_t gi = tpg_shift >= 0 ? uint32_t(k) >> tpg_shift : uint32_t(k) / tpg;
 #pragma unroll
         for (int r = 0; r < R; ++r)
-          lp[r] = !tile_group ? zero4f : SP ? sp[(r * groups + int(gi)) * 8 + g] : ld_param(params[r] + gi * 8);
+          lp[r] = !tile_group ? zero2 : SP ? sp[(r * groups + int(gi)) * 8 + g] : ld_gparam(params[r] + gi * 8);
       }
       // A tile inside the matrix (always, for tile groups) loads x and runs its mma steps without
       // a bounds test per step: the tests' branches also put a WARPSYNC before every mma.sync.
@@ -416,7 +415,8 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
         if (!per_row && !tile_group && group_end) {
           const uint32_t gi = TG == 2 ? 2u * uint32_t(k) + uint32_t(j >> 1) : uint32_t(k0) / G32;
 #pragma unroll
-          for (int r = 0; r < R; ++r) flush(r, SP ? sp[(r * groups + int(gi)) * 8 + g] : ld_param(params[r] + gi * 8));
+          for (int r = 0; r < R; ++r)
+            flush(r, gparam_f32(SP ? sp[(r * groups + int(gi)) * 8 + g] : ld_gparam(params[r] + gi * 8)));
           clear_cx();
         }
       };
@@ -432,7 +432,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
       }
       if (tile_group) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) flush(r, LP || SP ? lp[r] : pt[r][u]);
+        for (int r = 0; r < R; ++r) flush(r, gparam_f32(LP || SP ? lp[r] : pt[r][u]));
         clear_cx();
       }
     }
@@ -523,7 +523,7 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
   const int rbs = int((w.out + 15) / 16), rb = pb.rb0 + r;
   const int rbc = min(rb, rbs - 1);  // a warp past the last row block re-reads it (not stored)
   const uint4* codes = static_cast<const uint4*>(w.codes) + size_t(rbc) * size_t(ktiles) * 32 + lane;
-  const float4* params = reinterpret_cast<const float4*>(w.params) + size_t(rbc) * size_t(groups) * 8 + g;
+  const uint2* params = static_cast<const uint2*>(w.params) + size_t(rbc) * size_t(groups) * 8 + g;  // grouped: f16
   constexpr bool per_row = PR;  // one scale per row (G == in): one flush at the end
   const int tpg = per_row ? 1 : G / KT;  // tiles per group (tile groups)
   // This CTA's chunks: [c0, c0 + chunks) of the split blockIdx.y (the launcher divides exactly).
@@ -532,13 +532,13 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
 
   // Tile i of a warp in chunk c: k = c·4·KS + ks + KS·i.
   uint4 cA[kBatchTiles], cB[kBatchTiles];
-  float4 pA[kBatchTiles], pB[kBatchTiles];
-  auto load = [&](int c, uint4 (&cw)[kBatchTiles], float4 (&pt)[kBatchTiles]) {
+  uint2 pA[kBatchTiles], pB[kBatchTiles];
+  auto load = [&](int c, uint4 (&cw)[kBatchTiles], uint2 (&pt)[kBatchTiles]) {
 #pragma unroll
     for (int i = 0; i < kBatchTiles; ++i) {
       const int k = c * kBatchTiles * KS + ks + KS * i;
       cw[i] = ld_stream(codes + size_t(k) * 32);
-      pt[i] = per_row ? make_float4(0.f, 0.f, 0.f, 0.f) : ld_param(params + (k / tpg) * 8);
+      pt[i] = per_row ? make_uint2(0, 0) : ld_gparam(params + (k / tpg) * 8);
     }
   };
   // x columns [c·KC, (c+1)·KC) of the N rows into buffer b (rows ≥ N: zeros, never stored).
@@ -558,7 +558,8 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
   };
 
   load(c0, cA, pA);  // weights never depend on earlier kernels: requested before the wait
-  const float4 prow = per_row ? ld_param(params) : make_float4(0.f, 0.f, 0.f, 0.f);
+  const float4 prow =
+      per_row ? ld_param(static_cast<const float4*>(w.params) + size_t(rbc) * 8 + g) : make_float4(0.f, 0.f, 0.f, 0.f);
   grid_dep_wait();
   if (trigger) launch_dependents();
   stage_x(c0, 0);
@@ -577,7 +578,7 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
 #pragma unroll
       for (int i = 0; i < 4; ++i) cx[nt][i] = 0.f;
   };
-  auto compute = [&](int c, int b, const uint4 (&cw)[kBatchTiles], const float4 (&pt)[kBatchTiles]) {
+  auto compute = [&](int c, int b, const uint4 (&cw)[kBatchTiles], const uint2 (&pt)[kBatchTiles]) {
     const uint16_t* xb = xs + size_t(b) * NT * 8 * XS;
 #pragma unroll
     for (int i = 0; i < kBatchTiles; ++i) {
@@ -599,7 +600,7 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
       // Tile groups: flush when this warp's next tile (k + KS) lies in another group or split (a
       // group's tiles may be spread over warps and splits: each flushes its own part with the
       // group's scales, which is linear in the sums).
-      if (!per_row && (k / tpg != (k + KS) / tpg || k + KS >= k_end)) flush(pt[i]);
+      if (!per_row && (k / tpg != (k + KS) / tpg || k + KS >= k_end)) flush(gparam_f32(pt[i]));
     }
   };
 
@@ -703,7 +704,7 @@ __device__ __forceinline__ void piece_values(const QWeight& w, int64_t rb, uint3
   for (int j = 0; j < MT; ++j) {
     const uint32_t k = kt * KT + 16 * j + 4 * t;
     if (k >= w.in) break;
-    const float4 p = __ldg(reinterpret_cast<const float4*>(w.params) + (rb * groups + (k - 4 * t) / G) * 8 + g);
+    const float4 p = param_at(w.params, G < w.in, rb, groups, (k - 4 * t) / G, g);
 #pragma unroll
     for (int r8 = 0; r8 < 2; ++r8) {
       float v[4];
@@ -830,7 +831,7 @@ __global__ void qrandom_codes_kernel(uint32_t* codes, int64_t words, bool fp8, u
   }
 }
 
-__global__ void qrandom_params_kernel(QWeight w, float* params, float scale, float bias, uint64_t seed) {
+__global__ void qrandom_params_kernel(QWeight w, void* params, float scale, float bias, uint64_t seed) {
   const int64_t groups = w.in / w.group, n = (w.out + 15) / 16 * groups * 8;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int g = int(i % 8);
@@ -843,7 +844,12 @@ __global__ void qrandom_params_kernel(QWeight w, float* params, float scale, flo
       p[2 * r8] = row < w.out ? scale * f : 0.f;
       p[2 * r8 + 1] = row < w.out ? bias * f : 0.f;
     }
-    reinterpret_cast<float4*>(params)[i] = make_float4(p[0], p[1], p[2], p[3]);
+    if (w.group < w.in) {  // f16 tiles (quant_layout.h)
+      const __half2 a = __floats2half2_rn(p[0], p[1]), b = __floats2half2_rn(p[2], p[3]);
+      static_cast<uint2*>(params)[i] = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+    } else {
+      static_cast<float4*>(params)[i] = make_float4(p[0], p[1], p[2], p[3]);
+    }
   }
 }
 
@@ -867,8 +873,8 @@ struct QArgs {
 constexpr size_t kDefaultSmemLimit = 48 << 10;
 // PA: the largest code block a CTA copies whole before its dependency wait (two CTAs per SM).
 constexpr size_t kPrefetchMaxBytes = 64 << 10;
-// SP: the most group parameters a CTA stages (two row blocks of in = 16384 in groups of 32), with
-// the reduction's static shared memory within the SM's 227 KB.
+// SP: the most group parameters a CTA stages (f16: two row blocks of in = 16384 in groups of 32
+// take 64 KB), with the reduction's static shared memory within the SM's 227 KB.
 constexpr size_t kSpMaxBytes = 128 << 10;
 
 // The XH path (x staged as f16 in shared memory): one row of x, in · 2 bytes within 48 KB.
@@ -890,7 +896,7 @@ void qgemv_cfg(const QArgs& a) {
   if constexpr (FMT == kQ8 && PR) {  // symmetric int8: the decode without Σx (kQ8S)
     if (symmetric_q8(a.set)) return qgemv_cfg<kQ8S, NT, R, U, W, MINB, PR, LP, TG, XH, SP, ACT, PA>(a);
   }
-  const size_t param_smem = SP ? size_t(R) * size_t(a.set.part[0].w.in / a.set.part[0].w.group) * 128 : 0;
+  const size_t param_smem = SP ? size_t(R) * size_t(a.set.part[0].w.in / a.set.part[0].w.group) * 64 : 0;
   const size_t ktiles = size_t((a.set.part[0].w.in + tile_k(FMT) - 1) / tile_k(FMT));
   const size_t pa_bytes = PA ? size_t(R) * ktiles * 512 : 0;
   const size_t smem = param_smem + (XH ? size_t(xh_pieces(a.set.part[0].w.in)) * 16 : 0) + pa_bytes;
@@ -904,7 +910,7 @@ void qgemv_cfg(const QArgs& a) {
     SALA_CUDA_REQUIRE(attr, "qgemv prefetch: shared memory attributes refused");
   }
   if constexpr (SP) {
-    // Parameters beyond kSpMaxBytes (R · in / group > 1024 groups): late loads instead. Past
+    // Parameters beyond kSpMaxBytes (R · in / group > 2048 groups): late loads instead. Past
     // 48 KB with the reduction's static shared memory (group 32 at in = 16384, or N > 16), the
     // opt-in attribute — only there: a larger shared-memory carveout leaves less L1 for x.
     if (smem > kSpMaxBytes) return qgemv_cfg<FMT, NT, R, U, W, MINB, PR, true, TG, XH, false, ACT>(a);
@@ -1326,10 +1332,10 @@ void launch_qtile(const QWeight& w, const void* canonical, void* tiles, cudaStre
   SALA_CUDA_LAUNCH("qtile kernel");
 }
 
-void launch_qrandom(const QWeight& w, void* codes, float* params, float scale, float bias, uint64_t seed,
+void launch_qrandom(const QWeight& w, void* codes, void* params, float scale, float bias, uint64_t seed,
                     cudaStream_t st) {
   const TileGeom geo{w.fmt, w.out, w.in, w.group};
-  const int64_t words = geo.code_bytes() / 4, np = geo.param_floats() / 4;
+  const int64_t words = geo.code_bytes() / 4, np = geo.row_blocks() * geo.groups() * 8;
   qrandom_codes_kernel<<<grid_for(words, 256, 132 * 16), 256, 0, st>>>(static_cast<uint32_t*>(codes), words,
                                                                        w.fmt == kFP8, seed);
   SALA_CUDA_LAUNCH("qrandom codes kernel");

@@ -11,12 +11,13 @@
 // decoding warps). H100, 4K batch 1, + lm_head: int4 g128 2.63–2.66 → 2.47–2.50 ms per step, g64
 // 2.81 → 2.63–2.66, fp8 3.79–3.81 → 3.56–3.63, int8 3.83 → 3.60–3.73, int8 g64 4.25 → 4.11–4.12.
 //
-// Speed of light, H100 (3.35 TB/s peak, ~3.0 reachable by a read): int4 g128 stores 0.5625 B per
-// weight (codes 0.5 + f32 scale and bias per 128): 2×16384×4096 (gate/up) = 75.5 MB → 25 µs at
-// 3.0 TB/s, measured 27.3; fp8 1 B: gate/up 134 MB → 45 µs, measured 45.4 (products alone).
+// Speed of light, H100 (3.35 TB/s peak, ~3.0 reachable by a read): int4 g128 stores 0.53125 B per
+// weight (codes 0.5 + f16 scale and bias per 128; 0.5625 with the f32 parameters of before, when
+// 2×16384×4096 (gate/up) = 75.5 MB → 25 µs at 3.0 TB/s, measured 27.3): gate/up 71.3 MB → 23.8 µs;
+// fp8 1 B: gate/up 134 MB → 45 µs, measured 45.4 (products alone).
 //
 // Layout (quant_layout.h): a row block's tiles are contiguous (ktiles × 512 B) and so are its
-// group parameters (groups × 8 float4), so a chunk of 32 tiles (int4: 2048 columns, 8-bit: 1024)
+// group parameters (groups × 8 × 4 f16), so a chunk of 32 tiles (int4: 2048 columns, 8-bit: 1024)
 // is one bulk copy of codes and, for int4, one of the chunk's groups' parameters. A CTA takes the
 // units [U·c/C, U·(c+1)/C) (a unit: one row block of one part; with ACT the gate's and the up's
 // row block). Its producer (one thread of a 17th warp) fills the ring in unit order — the first
@@ -54,7 +55,7 @@ constexpr int kRingThreads = (kRingWarps + 1) * 32;
 constexpr int kChunkTiles = 32;  // 16 KB of codes
 constexpr int kWarpTiles = kChunkTiles / kRingWarps;  // each consumer warp's tiles of a chunk
 constexpr int kChunkCodeBytes = kChunkTiles * kTileBytes;
-constexpr int kMaxParamBytes = kChunkTiles * 128;  // groups of one tile (int4 64, int8 32): 8 float4 each
+constexpr int kMaxParamBytes = kChunkTiles * 64;  // groups of one tile (int4 64, int8 32): 8 × 4 f16 each
 // A slot: the chunk's codes, then (grouped formats) its groups' parameters.
 template <int FMT>
 constexpr int kSlotBytes = kChunkCodeBytes + (FMT == kQ4 || FMT == kQ8G ? kMaxParamBytes : 0);
@@ -117,7 +118,7 @@ __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingA
   __shared__ float xtotal;  // kQ8: Σx of the whole row
   const QGemvSet& set = a.set;
   const int in = int(set.part[0].w.in), G = int(set.part[0].w.group);
-  const int ktiles = in / KT, groups = in / G, cpr = in / CC, pbytes = kGrouped ? CC / G * 128 : 0;
+  const int ktiles = in / KT, groups = in / G, cpr = in / CC, pbytes = kGrouped ? CC / G * 64 : 0;
   const int gshift = __ffs(G) - 1;  // grouped: G is a power of two (it divides the chunk's columns)
   const int slots = a.slots;
   uint8_t* const ring = smem;
@@ -146,7 +147,7 @@ __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingA
         unit_block<ACT>(set, u, r, &part, &rb);
         const QWeight& w = set.part[part].w;
         const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + size_t(rb) * size_t(ktiles) * kTileBytes;
-        const uint8_t* params = reinterpret_cast<const uint8_t*>(w.params) + size_t(rb) * size_t(groups) * 128;
+        const uint8_t* params = static_cast<const uint8_t*>(w.params) + size_t(rb) * size_t(groups) * 64;  // f16 tiles
         for (int cc = 0; cc < cpr; ++cc, ++it) {
           if (it == a.pre) grid_dep_wait();  // the rest once the kernels before have finished
           if (it >= slots) mbar_wait(empty + 8 * s, phase);
@@ -202,7 +203,7 @@ __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingA
         for (int r = 0; r < R; ++r) {
           int part, rb;
           unit_block<ACT>(set, u, r, &part, &rb);
-          prow[r] = ld_param(reinterpret_cast<const float4*>(set.part[part].w.params) + size_t(rb) * 8 + (lane & 7));
+          prow[r] = ld_param(static_cast<const float4*>(set.part[part].w.params) + size_t(rb) * 8 + (lane & 7));
         }
     }
     float cf[R][4];
@@ -224,7 +225,7 @@ __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingA
           }
           if constexpr (kGrouped) {
             const float4 p =
-                *reinterpret_cast<const float4*>(slot + kChunkCodeBytes + (((tile * KT) >> gshift) * 8 + g) * 16);
+                gparam_f32(*reinterpret_cast<const uint2*>(slot + kChunkCodeBytes + (((tile * KT) >> gshift) * 8 + g) * 8));
 #pragma unroll
             for (int i = 0; i < 4; ++i) cq[0][i] = cq[1][i] = 0.f;
             const float sx = tsum[cc * kChunkTiles + tile];
