@@ -189,20 +189,6 @@ class Backend {
     add_scaled(h, a, alpha);
     rmsnorm(h, w, eps, y);
   }
-  // add_rmsnorm followed by the products of its output y: matmul_group(y, parts), or
-  // matmul_silu_mul(y, gate, up, g, u, act). The defaults are those ops; a backend may run the norm
-  // inside the product's launch (CUDA: one packed row on the ring GEMV), with the same values in
-  // h, y and the outputs.
-  virtual void add_rmsnorm_matmul_group(Mat h, const Mat& a, float alpha, const Weight& w, float eps, Mat y,
-                                        std::span<const MatmulPart> parts) {
-    add_rmsnorm(h, a, alpha, w, eps, y);
-    matmul_group(y, parts);
-  }
-  virtual void add_rmsnorm_matmul_silu_mul(Mat h, const Mat& a, float alpha, const Weight& w, float eps, Mat y,
-                                           const Weight& gate, const Weight& up, Mat g, Mat u, Mat act) {
-    add_rmsnorm(h, a, alpha, w, eps, y);
-    matmul_silu_mul(y, gate, up, g, u, act);
-  }
   // Per-head RMSNorm of q and k (weights [1, head_dim]) followed, when `rope`, by rotate-half RoPE
   // at the batch positions — the lightning layers' q/k path. Default: the four separate ops.
   virtual void qk_norm_rope(Mat q, Mat k, const Weight& q_norm, const Weight& k_norm, float eps, int head_dim,

@@ -98,27 +98,20 @@ CacheSpec Model::cache_spec(int max_pages, int max_slots) const {
   return s;
 }
 
-// The first `count` projections of x in one backend call (fused on backends that can); with a
-// pending norm, x is its output, computed in the same call.
-void Model::project(const Mat& x, const std::array<Backend::MatmulPart, 4>& parts, size_t count,
-                    const PendingNorm* norm) {
-  if (norm)
-    backend_.add_rmsnorm_matmul_group(norm->h, norm->a, norm->alpha, *norm->w, config_.rms_norm_eps, x,
-                                      std::span(parts).first(count));
-  else
-    backend_.matmul_group(x, std::span(parts).first(count));
+// The first `count` projections of x in one backend call (fused on backends that can).
+void Model::project(const Mat& x, const std::array<Backend::MatmulPart, 4>& parts, size_t count) {
+  backend_.matmul_group(x, std::span(parts).first(count));
 }
 
 // Lightning layer (spec §3): projections, per-head q/k RMSNorm, RoPE, Simple GLA, o_norm, z gate.
-void Model::lightning_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out, int64_t n,
-                            const PendingNorm* norm) {
+void Model::lightning_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out, int64_t n) {
   const auto& c = config_;
   const int64_t qw = int64_t(c.lightning_heads) * c.lightning_head_dim;
   const int64_t kw = int64_t(c.lightning_kv_heads) * c.lightning_head_dim;
   Mat q = q_.slice_rows(0, n).reshape(n, qw), k = k_.slice_rows(0, n).reshape(n, kw);
   Mat v = v_.slice_rows(0, n).reshape(n, kw), attn = attn_.slice_rows(0, n).reshape(n, qw);
   Mat z = z_.slice_rows(0, n).reshape(n, qw);
-  project(x, {{{&w.q, q}, {&w.k, k}, {&w.v, v}, {&w.z, z}}}, c.use_output_gate ? 4 : 3, norm);
+  project(x, {{{&w.q, q}, {&w.k, k}, {&w.v, v}, {&w.z, z}}}, c.use_output_gate ? 4 : 3);
   Backend::LightningNorms norms;
   if (c.qk_norm) norms.q_norm = &w.q_norm, norms.k_norm = &w.k_norm;
   norms.rope = c.lightning_use_rope;
@@ -144,14 +137,13 @@ void Model::lightning_mixer(int layer, const LayerWeights& w, const Mat& x, Mat 
 
 // Sparse layer (spec §4): projections (NoPE unless attn_use_rope), InfLLM-v2 / dense attention
 // with the caches, o_gate, o_proj.
-void Model::sparse_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out, int64_t n,
-                         const PendingNorm* norm) {
+void Model::sparse_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out, int64_t n) {
   const auto& c = config_;
   const int64_t qw = int64_t(c.num_heads) * c.head_dim, kw = int64_t(c.num_kv_heads) * c.head_dim;
   Mat q = q_.slice_rows(0, n).reshape(n, qw), k = k_.slice_rows(0, n).reshape(n, kw);
   Mat v = v_.slice_rows(0, n).reshape(n, kw), attn = attn_.slice_rows(0, n).reshape(n, qw);
   Mat z = z_.slice_rows(0, n).reshape(n, qw);
-  project(x, {{{&w.q, q}, {&w.k, k}, {&w.v, v}, {&w.o_gate, z}}}, c.attn_use_output_gate ? 4 : 3, norm);
+  project(x, {{{&w.q, q}, {&w.k, k}, {&w.v, v}, {&w.o_gate, z}}}, c.attn_use_output_gate ? 4 : 3);
   if (c.attn_use_rope) {
     backend_.rope(q, c.head_dim, c.rope_theta);
     backend_.rope(k, c.head_dim, c.rope_theta);
@@ -238,33 +230,24 @@ void Model::forward(const BatchInfo& batch, std::span<const int64_t> logit_rows,
     trace_rms_->push_back(std::sqrt(ss / double(host.size())));
   };
   trace();
-  // Each residual update is fused with the norm that follows it and the products of the norm's
-  // output (add_rmsnorm_matmul_*: one launch where the backend fuses them); the last layer's
-  // stands alone, since the final norm runs only on the logit rows. Tracing the residual stream
-  // needs h updated at each layer's end: add_rmsnorm there.
+  // Each residual update is fused with the norm that follows it (add_rmsnorm); the last layer's
+  // stands alone, since the final norm runs only on the logit rows.
   if (n_layers > 0) backend_.rmsnorm(h, weights_.layers[0].input_norm, c.rms_norm_eps, x);
-  PendingNorm pending{h, mix, alpha, nullptr};
   for (int i = 0; i < n_layers; ++i) {
     const LayerWeights& w = weights_.layers[size_t(i)];
-    const PendingNorm* norm = pending.w ? &pending : nullptr;
     if (w.kind == MixerKind::Sparse)
-      sparse_mixer(i, w, x, mix, n, norm);
+      sparse_mixer(i, w, x, mix, n);
     else
-      lightning_mixer(i, w, x, mix, n, norm);
-    pending.w = nullptr;
+      lightning_mixer(i, w, x, mix, n);
+    backend_.add_rmsnorm(h, mix, alpha, w.post_norm, c.rms_norm_eps, x);
 
     Mat g = gate_.slice_rows(0, n), u = up_.slice_rows(0, n), a = act_.slice_rows(0, n);
-    backend_.add_rmsnorm_matmul_silu_mul(h, mix, alpha, w.post_norm, c.rms_norm_eps, x, w.gate, w.up, g, u, a);
+    backend_.matmul_silu_mul(x, w.gate, w.up, g, u, a);
     backend_.matmul(a, w.down, mix);
-    if (i + 1 < n_layers) {
-      const Weight& next_norm = weights_.layers[size_t(i) + 1].input_norm;
-      if (trace_rms_)
-        backend_.add_rmsnorm(h, mix, alpha, next_norm, c.rms_norm_eps, x);
-      else
-        pending.w = &next_norm;
-    } else {
+    if (i + 1 < n_layers)
+      backend_.add_rmsnorm(h, mix, alpha, weights_.layers[size_t(i) + 1].input_norm, c.rms_norm_eps, x);
+    else
       backend_.add_scaled(h, mix, alpha);
-    }
     trace();
   }
   if (logit_rows.empty()) return;

@@ -51,16 +51,9 @@ class Model {
   Mat captured_v(int lightning_layer) const;
 
  private:
-  // The previous layer's residual update and this layer's input norm, when they are left to the
-  // mixer's projections (add_rmsnorm_matmul_group: one launch on backends that fuse them).
-  struct PendingNorm {
-    Mat h, a;
-    float alpha;
-    const Weight* w;
-  };
-  void project(const Mat& x, const std::array<Backend::MatmulPart, 4>& parts, size_t count, const PendingNorm* norm);
-  void lightning_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out, int64_t n, const PendingNorm* norm);
-  void sparse_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out, int64_t n, const PendingNorm* norm);
+  void project(const Mat& x, const std::array<Backend::MatmulPart, 4>& parts, size_t count);
+  void lightning_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out, int64_t n);
+  void sparse_mixer(int layer, const LayerWeights& w, const Mat& x, Mat out, int64_t n);
 
   ModelConfig config_;
   ModelWeights weights_;

@@ -564,102 +564,6 @@ void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
   }
 }
 
-// add_rmsnorm inside the ring GEMV's launch (decode): h, the norm's output x and the products (the
-// q/k/v/z-like set, the gate/up pair with silu·mul) bit for bit the separate add_rmsnorm + product
-// launches (the Backend defaults on the same backend), and the products close to the CPU's; three
-// launches in a row with new inputs (the CTA counter returns to 0); shapes the ring does not take
-// run the two ops.
-void test_ring_norm(CpuBackend& cpu, CudaBackend& gpu) {
-  struct Case {
-    WeightFormat wf;
-    int64_t in, group;
-    const char* name;
-  };
-  const float alpha = 0.7f, eps = 1e-5f;
-  for (const Case& c : {Case{WeightFormat::Q4, 4096, 128, "int4 g128"}, Case{WeightFormat::Q4, 2048, 64, "int4 g64"},
-                        Case{WeightFormat::FP8, 4096, 4096, "fp8"}, Case{WeightFormat::Q8, 4096, 4096, "int8"},
-                        Case{WeightFormat::Q8, 1024, 64, "int8 g64"}, Case{WeightFormat::Q4, 16384, 128, "int4 g128"},
-                        Case{WeightFormat::Q4, 1024, 64, "int4 (no ring)"}}) {
-    const int64_t in = c.in;
-    const int64_t outs[] = {2048, 256, 264, 1000, 2048};  // the set's four parts; gate = 0, up = 4
-    std::vector<Weight> wc, wg;
-    for (size_t i = 0; i < 5; ++i) {
-      const PackedMatrix pm = random_packed(c.wf, outs[i], in, c.group, 801 + i + uint64_t(in));
-      wc.push_back(cpu.load_quantized_weight(pm.view(), c.name));
-      wg.push_back(gpu.load_quantized_weight(pm.view(), c.name));
-    }
-    std::vector<float> nw = randn(size_t(in), 811, 0.1f);
-    for (float& v : nw) v += 1.f;
-    const Weight normc = cpu.load_vector(TensorView{nw.data(), DType::F32, {in}});
-    const Weight normg = gpu.load_vector(TensorView{nw.data(), DType::F32, {in}});
-    cuda::QGemvSet set{};
-    set.count = 4;
-    for (int i = 0; i < 4; ++i) set.part[i] = {CudaBackend::qweight(wg[size_t(i)]), nullptr, 0};
-    const bool ring = cuda::qgemv_ring_norm_applies(set, 1);
-    const bool expect_ring = c.in != 1024 || c.wf != WeightFormat::Q4;
-    // One launch (group or MLP pair): h after, x, the outputs.
-    struct Out {
-      std::vector<float> h, x, y;
-    };
-    auto run = [&](Backend& b, const std::vector<Weight>& w, const Weight& norm, DType dt, bool mlp, bool unfused,
-                   uint64_t seed) {
-      const auto h0 = randn(size_t(in), seed), a0 = randn(size_t(in), seed + 1);
-      auto buf = [&](int64_t n) { return b.alloc(size_t(n) * dtype_size(dt) + 16); };
-      auto hb = buf(in), ab = buf(in), xb = buf(in);
-      Mat h = hb->mat(dt, 1, in), a = ab->mat(dt, 1, in), x = xb->mat(dt, 1, in);
-      b.upload(h, h0.data());
-      b.upload(a, a0.data());
-      std::vector<std::unique_ptr<Buffer>> ybufs;
-      std::vector<Mat> ys;
-      Out o;
-      if (mlp) {
-        for (int i = 0; i < 3; ++i) ybufs.push_back(buf(outs[0])), ys.push_back(ybufs.back()->mat(dt, 1, outs[0]));
-        if (unfused)
-          b.Backend::add_rmsnorm_matmul_silu_mul(h, a, alpha, norm, eps, x, w[0], w[4], ys[0], ys[1], ys[2]);
-        else
-          b.add_rmsnorm_matmul_silu_mul(h, a, alpha, norm, eps, x, w[0], w[4], ys[0], ys[1], ys[2]);
-        o.y.resize(size_t(outs[0]));
-        b.download(ys[2], o.y.data());
-      } else {
-        std::vector<Backend::MatmulPart> parts;
-        for (size_t i = 0; i < 4; ++i) {
-          ybufs.push_back(buf(outs[i]));
-          ys.push_back(ybufs.back()->mat(dt, 1, outs[i]));
-          parts.push_back({&w[i], ys.back()});
-        }
-        if (unfused)
-          b.Backend::add_rmsnorm_matmul_group(h, a, alpha, norm, eps, x, parts);
-        else
-          b.add_rmsnorm_matmul_group(h, a, alpha, norm, eps, x, parts);
-        for (size_t i = 0; i < 4; ++i) {
-          std::vector<float> y(static_cast<size_t>(outs[i]));
-          b.download(ys[i], y.data());
-          o.y.insert(o.y.end(), y.begin(), y.end());
-        }
-      }
-      o.h.resize(size_t(in)), o.x.resize(size_t(in));
-      b.download(h, o.h.data());
-      b.download(x, o.x.data());
-      return o;
-    };
-    for (const bool mlp : {false, true}) {
-      bool equal = true;
-      double e = 0;
-      for (uint64_t rep = 0; rep < 3; ++rep) {
-        const Out fused = run(gpu, wg, normg, DType::BF16, mlp, false, 820 + 10 * rep);
-        const Out unfused = run(gpu, wg, normg, DType::BF16, mlp, true, 820 + 10 * rep);
-        const Out ref = run(cpu, wc, normc, DType::F32, mlp, false, 820 + 10 * rep);
-        equal = equal && fused.h == unfused.h && fused.x == unfused.x && fused.y == unfused.y;
-        e = std::max(e, rel_err(fused.y, ref.y));
-      }
-      check(ring == expect_ring && equal && e < 2e-2,
-            strf("%s norm + %s in one launch, in = %lld", c.name, mlp ? "gate/up silu*mul" : "q/k/v/z set", (long long)in),
-            strf("%s; h, x, y %s; rel vs cpu %.2e", ring ? "fused (ring)" : "two launches (ring not taken)",
-                 equal ? "equal to add_rmsnorm + product" : "DIFFER from add_rmsnorm + product", e));
-    }
-  }
-}
-
 // Symmetric int8 (every bias −128·scale, as `sala quantize --format int8` writes it) takes the
 // GEMV's decode of q − 128 without the Σx term (quant_gemv.cu kQ8S); the same codes with biases
 // half a step off (−127.5·scale) keep the general Q8 decode. Both against the CPU at N = 1 (x
@@ -984,54 +888,6 @@ void test_models() {
   fs::remove_all(tmp);
 }
 
-// The tiny model 2048 wide (the ring GEMV's shapes): decode with the residual norms inside the
-// products (fused launches counted) == with them as launches of their own, bit for bit, graphs ==
-// eager, and close to the CPU.
-void test_ring_norm_model() {
-  const fs::path tmp = tmp_dir();
-  ModelConfig cfg = preset_config("tiny");
-  cfg.hidden_size = cfg.intermediate_size = 2048;
-  cfg.validate("tiny, 2048 wide");
-  RandomCheckpointOptions ro;
-  ro.seed = 14;
-  ro.dtype = DType::F32;
-  write_random_checkpoint(tmp / "f32", cfg, ro);
-  std::vector<int32_t> seq(300);
-  for (size_t i = 0; i < seq.size(); ++i) seq[i] = int32_t(3 + (i * 61 + 7) % 500);
-  for (const auto& [name, opt] : {std::pair<const char*, QuantizeOptions>{"int4 g128", {QuantFormat::INT4, 128, true, 4}},
-                                  std::pair<const char*, QuantizeOptions>{"fp8", {QuantFormat::FP8, 0, false, 4}}}) {
-    const fs::path q = tmp / (std::string(name) == "fp8" ? "fp8" : "int4");
-    quantize_checkpoint(tmp / "f32", q, opt);
-    CpuBackend cpu(0);
-    const auto ref = model_logits(cpu, q, seq);
-    std::vector<float> fused, unfused, eager;
-    const int64_t before = cuda::qgemv_ring_norm_launches();
-    {
-      CudaBackend gpu(0);
-      fused = model_logits(gpu, q, seq);
-    }
-    const int64_t launches = cuda::qgemv_ring_norm_launches() - before;
-    {
-      CudaBackend gpu(0);
-      gpu.set_graphs(false);
-      eager = model_logits(gpu, q, seq);
-    }
-    cuda::set_qgemv_ring_norm(false);
-    {
-      CudaBackend gpu(0);
-      unfused = model_logits(gpu, q, seq);
-    }
-    cuda::set_qgemv_ring_norm(true);
-    const double e = rel_err(fused, ref), t = top1(fused, ref, cfg.vocab_size);
-    check(launches > 0 && fused == unfused && fused == eager && e < 5e-2 && t > 0.95,
-          strf("tiny %s model 2048 wide: norms in the products", name),
-          strf("%lld fused launches; %s; graphs %s eager; rel vs cpu %.2e, top-1 %.3f", (long long)launches,
-               fused == unfused ? "== separate norm launches" : "DIFFERS from separate norm launches",
-               fused == eager ? "==" : "!=", e, t));
-  }
-  fs::remove_all(tmp);
-}
-
 // 40 sequences decoding together: their 40-row products take the fused GEMM where it fits (forced
 // onto the tiny model's small matrices with mode 5; the 9B shape takes it by default), inside CUDA
 // graphs. Graphs on == off bit for bit, and close to the CPU.
@@ -1093,14 +949,12 @@ void test_quant_parity(int& pass, int& fail) {
     test_matmul_group(cpu, gpu);
     test_qgemv_prefetch(cpu, gpu);
     test_qgemv_ring(cpu, gpu);
-    test_ring_norm(cpu, gpu);
     test_q8_symmetric(cpu, gpu);
     test_matmul_silu_mul(cpu, gpu);
     test_fp8_prefill(cpu, gpu);
     test_int8_prefill(cpu, gpu);
     test_random_and_errors(cpu, gpu);
     test_models();
-    test_ring_norm_model();
     test_batched_fused();
   } catch (const std::exception& e) {
     check(false, "packed weights: exception", e.what());

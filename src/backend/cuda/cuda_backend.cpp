@@ -136,7 +136,6 @@ CudaBackend::CudaBackend(int device, bool batch_invariant) : device_(device), ba
   if (const char* e = std::getenv("SALA_CUDA_MIXER_FUSION")) mixer_fusion_ = std::string(e) != "0";
   SALA_CUDA_CHECK(cudaEventCreate(&ev_start_));
   SALA_CUDA_CHECK(cudaEventCreate(&ev_end_));
-  SALA_CUDA_CHECK(cudaMemset(norm_counter_.reserve(256), 0, 256));
 }
 
 CudaBackend::~CudaBackend() {

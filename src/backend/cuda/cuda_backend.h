@@ -104,10 +104,6 @@ class CudaBackend final : public Backend {
   void matmul_group(const Mat& x, std::span<const MatmulPart> parts) override;
   void matmul_silu_mul(const Mat& x, const Weight& gate, const Weight& up, Mat g, Mat u, Mat act) override;  // cuda_quant.cpp
   void add_rmsnorm(Mat h, const Mat& a, float alpha, const Weight& w, float eps, Mat y) override;
-  void add_rmsnorm_matmul_group(Mat h, const Mat& a, float alpha, const Weight& w, float eps, Mat y,
-                                std::span<const MatmulPart> parts) override;  // cuda_quant.cpp
-  void add_rmsnorm_matmul_silu_mul(Mat h, const Mat& a, float alpha, const Weight& w, float eps, Mat y,
-                                   const Weight& gate, const Weight& up, Mat g, Mat u, Mat act) override;
   void qk_norm_rope(Mat q, Mat k, const Weight& q_norm, const Weight& k_norm, float eps, int head_dim, bool rope,
                     double theta) override;
   void rmsnorm_gate(const Mat& x, const Weight& w, float eps, const Mat& z, Mat y) override;
@@ -174,9 +170,6 @@ class CudaBackend final : public Backend {
  private:
   void gemm_cublas(const Mat& x, const Weight& w, Mat y);
   void matmul_packed(const Mat& x, const Weight& w, Mat y);  // cuda_quant.cpp
-  // The fused norm + product launches (cuda_quant.cpp).
-  cuda::NormIn norm_in(Mat h, const Mat& a, float alpha, const Weight& w, float eps, Mat y);
-  bool norm_fusable(const Mat& h, const Mat& a, const Weight& w, const Mat& y) const;
   void matmul_group_packed(const Mat& x, std::span<const MatmulPart> parts);  // cuda_quant.cpp
   // The reason the fp8 prefill product cannot take this weight and output (empty: it can).
   std::string fp8_prefill_unfit(const Weight& w, const Mat& y) const;  // cuda_quant.cpp
@@ -267,7 +260,6 @@ class CudaBackend final : public Backend {
   DeviceArena partial_;    // split-attention partials
   DeviceArena partial_ml_;
   DeviceArena gather_idx_;
-  DeviceArena norm_counter_;  // the fused norm + product launches' CTA count (an int, 0 between launches)
   HostStage gather_stage_;
   std::map<std::pair<double, int>, std::unique_ptr<Buffer>> inv_freq_;
 

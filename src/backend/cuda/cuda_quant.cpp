@@ -463,49 +463,4 @@ void CudaBackend::matmul_silu_mul(const Mat& x, const Weight& gate, const Weight
                          pdl_ && props_.major >= 9, stream_);
 }
 
-// add_rmsnorm fused into the one-row products after it (launch_qgemv_norm_set / _act: the ring GEMV
-// computes the norm in every CTA while its weights stream in, one CTA stores h and y): decode
-// steps of packed weights lose the 63 norm launches between their products. Where it does not
-// apply — more rows, dense weights, other dtypes, shapes the ring does not take,
-// SALA_CUDA_RING_NORM=0 — the two ops, with the same values.
-cuda::NormIn CudaBackend::norm_in(Mat h, const Mat& a, float alpha, const Weight& w, float eps, Mat y) {
-  return {h.data, a.data, alpha, w.w.data, y.data, eps, static_cast<int*>(norm_counter_.data())};
-}
-
-bool CudaBackend::norm_fusable(const Mat& h, const Mat& a, const Weight& w, const Mat& y) const {
-  return use_gemv_ && !batch_invariant_ && gemv_mode_ == 0 && h.rows == 1 && a.rows == 1 && y.rows == 1 &&
-         h.cols == a.cols && h.cols == y.cols && w.w.rows == 1 && w.w.cols == h.cols && h.dtype == DType::BF16 &&
-         a.dtype == DType::BF16 && y.dtype == DType::BF16 && w.w.dtype == DType::BF16;
-}
-
-void CudaBackend::add_rmsnorm_matmul_group(Mat h, const Mat& a, float alpha, const Weight& w, float eps, Mat y,
-                                           std::span<const MatmulPart> parts) {
-  bool fits = norm_fusable(h, a, w, y) && !parts.empty() && parts.size() <= size_t(cuda::kGemvMaxParts);
-  for (const MatmulPart& p : parts)
-    fits = fits && p.w->packed() && p.w->format == parts[0].w->format && p.w->group == parts[0].w->group &&
-           p.w->in() == y.cols && p.y.rows == 1 && p.y.cols == p.w->out() && p.y.dtype == parts[0].y.dtype &&
-           (p.y.dtype == DType::BF16 || p.y.dtype == DType::F32);
-  if (fits) {
-    cuda::QGemvSet set{};
-    set.count = int(parts.size());
-    for (size_t i = 0; i < parts.size(); ++i) set.part[i] = {qweight(*parts[i].w), parts[i].y.data, parts[i].y.cols};
-    if (cuda::launch_qgemv_norm_set(set, norm_in(h, a, alpha, w, eps, y),
-                                    parts[0].y.dtype == DType::BF16 ? cuda::kBF16 : cuda::kF32, pdl_ && props_.major >= 9,
-                                    stream_))
-      return;
-  }
-  Backend::add_rmsnorm_matmul_group(h, a, alpha, w, eps, y, parts);
-}
-
-void CudaBackend::add_rmsnorm_matmul_silu_mul(Mat h, const Mat& a, float alpha, const Weight& w, float eps, Mat y,
-                                              const Weight& gate, const Weight& up, Mat g, Mat u, Mat act) {
-  const bool fits = norm_fusable(h, a, w, y) && gate.packed() && up.packed() && gate.format == up.format &&
-                    gate.group == up.group && gate.out() == up.out() && gate.in() == up.in() && gate.in() == y.cols &&
-                    act.rows == 1 && act.cols == gate.out() && act.dtype == DType::BF16;
-  if (fits && cuda::launch_qgemv_norm_act(qweight(gate), qweight(up), norm_in(h, a, alpha, w, eps, y), act.data,
-                                          pdl_ && props_.major >= 9, stream_))
-    return;
-  Backend::add_rmsnorm_matmul_silu_mul(h, a, alpha, w, eps, y, gate, up, g, u, act);
-}
-
 }  // namespace sala

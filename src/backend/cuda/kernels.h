@@ -185,23 +185,6 @@ void launch_qgemv_set(const QGemvSet& set, const void* x, int64_t ldx, Dt dty, i
 // of one format and shape): what launch_qgemv_set of the pair followed by silu_mul computes.
 void launch_qgemv_act(const QWeight& gate, const QWeight& up, const void* x, int64_t ldx, void* act, int64_t ldact,
                       int N, bool pdl, cudaStream_t st);
-// The residual update and RMSNorm fused into the one-row products that follow them (decode):
-// h = h + bf16(α·a), x = rmsnorm(h)·w (add_rmsnorm's values, bf16 rows of `in`), then
-// launch_qgemv_set of x / launch_qgemv_act of x in the same launch — where the ring GEMV takes
-// the product (quant_gemv_ring.h: qgemv_ring_norm_applies) and no test variant is forced; false
-// (nothing launched) otherwise. counter: a device int, 0 (each launch leaves it so).
-struct NormIn {
-  void* h;
-  const void* a;
-  float alpha;
-  const void* w;
-  void* x;
-  float eps;
-  int* counter;
-};
-bool launch_qgemv_norm_set(const QGemvSet& set, const NormIn& norm, Dt dty, bool pdl, cudaStream_t st);
-bool launch_qgemv_norm_act(const QWeight& gate, const QWeight& up, const NormIn& norm, void* act, bool pdl,
-                           cudaStream_t st);
 // Rows [row0, row0 + rows) of W (row0 % 16 == 0) as bf16 row-major [rows, in] (prefill: cuBLAS
 // multiplies them).
 void launch_qdequant(const QWeight& w, int64_t row0, int64_t rows, void* dst, cudaStream_t st);

@@ -1205,7 +1205,6 @@ void qgemv_f(const QArgs& a, int warps) {
 }
 
 bool al8(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 7) == 0; }
-bool al16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 }  // namespace
 
@@ -1287,39 +1286,6 @@ void launch_qgemv_act(const QWeight& gate, const QWeight& up, const void* x, int
     default: SALA_CUDA_REQUIRE(false, "qgemv act: unknown packed format");
   }
   SALA_CUDA_LAUNCH("qgemv act kernel");
-}
-
-namespace {
-RingNorm ring_norm(const NormIn& n) { return {n.h, n.a, n.alpha, n.w, n.x, n.eps, n.counter}; }
-bool norm_aligned(const NormIn& n) { return al16(n.h) && al16(n.a) && al16(n.w) && al16(n.x); }
-}  // namespace
-
-bool launch_qgemv_norm_set(const QGemvSet& set, const NormIn& norm, Dt dty, bool pdl, cudaStream_t st) {
-  if (g_small_variant != 0 || g_nt_variant != 0 || !norm_aligned(norm) || !qgemv_ring_norm_applies(set, 1))
-    return false;
-  for (int i = 0; i < set.count; ++i) {
-    const QGemvPart& p = set.part[i];
-    SALA_CUDA_REQUIRE(p.w.fmt == set.part[0].w.fmt && p.w.in == set.part[0].w.in && p.w.group == set.part[0].w.group,
-                      "qgemv norm: the parts of a grouped launch must share format, input size and group size");
-  }
-  SALA_CUDA_REQUIRE(dty == kBF16 || dty == kF32, "qgemv norm: y must be bf16 or f32");
-  launch_qgemv_ring_norm(set, ring_norm(norm), dty == kF32, g_trigger, pdl, st);
-  SALA_CUDA_LAUNCH("qgemv ring norm kernel");
-  return true;
-}
-
-bool launch_qgemv_norm_act(const QWeight& gate, const QWeight& up, const NormIn& norm, void* act, bool pdl,
-                           cudaStream_t st) {
-  SALA_CUDA_REQUIRE(gate.fmt == up.fmt && gate.in == up.in && gate.group == up.group && gate.out == up.out,
-                    "qgemv norm act: gate and up must share format, shape and group size");
-  QGemvSet set{};
-  set.part[0] = {gate, act, gate.out};
-  set.part[1] = {up, nullptr, 0};
-  set.count = 2;
-  if (g_small_variant != 0 || !norm_aligned(norm) || !qgemv_ring_norm_applies(set, 1)) return false;
-  launch_qgemv_ring_norm_act(set, ring_norm(norm), g_trigger, pdl, st);
-  SALA_CUDA_LAUNCH("qgemv ring norm act kernel");
-  return true;
 }
 
 void launch_qdequant(const QWeight& w, int64_t row0, int64_t rows, void* dst, cudaStream_t st) {

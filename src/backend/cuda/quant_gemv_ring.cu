@@ -69,7 +69,6 @@ struct RingArgs {
   QGemvSet set;       // first[]: first unit of each part (ACT: gate and up, units = row blocks)
   const bf16* x;      // [1, in]
   int units, slots, pre, y_f32, trigger;
-  RingNorm norm;      // NORM: x = rmsnorm(h + α·a)·w computed here (x above unused)
 };
 
 __device__ __forceinline__ void mbar_arrive_one(uint32_t bar) {
@@ -102,84 +101,12 @@ __device__ __forceinline__ void unit_block(const QGemvSet& s, int u, int r, int*
   }
 }
 
-// NORM's prologue (consumer threads; threads 0..255 are add_rmsnorm_bf16_wide's threads): h' into
-// xs as bf16 pieces, the sum of squares reduced as block_inv_rms does, then x = bf16(bf16(h'·inv)·w)
-// over them; the CTA then counts itself on the counter (its reads of h and a are done). Returns inv.
-__device__ __forceinline__ float norm_prologue(const RingNorm& n, uint4* xs16, int cols) {
-  __shared__ float red8[8];
-  const int tid = int(threadIdx.x), n8 = cols / 8;
-  if (tid < 256) {
-    float ss = 0.f;
-    for (int p = tid; p < n8; p += 256) {
-      float f[8], g[8];
-      unpack8(static_cast<const uint4*>(n.h)[p], f);
-      unpack8(static_cast<const uint4*>(n.a)[p], g);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) f[j] = rbf(f[j] + rbf(n.alpha * g[j]));
-      xs16[p] = pack8(f);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
-    }
-    ss = warp_sum(ss);
-    if (tid % 32 == 0) red8[tid / 32] = ss;
-  }
-  consumers_sync();
-  float tot = 0.f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) tot += red8[i];
-  const float inv = 1.0f / sqrtf(tot / float(cols) + n.eps);
-  if (tid < 256)
-    for (int p = tid; p < n8; p += 256) {
-      float f[8], g[8];
-      unpack8(xs16[p], f);
-      unpack8(static_cast<const uint4*>(n.w)[p], g);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) f[j] = rbf(f[j] * inv) * g[j];
-      xs16[p] = pack8(f);
-    }
-  if (tid == 0) {
-    __threadfence();
-    atomicAdd(n.counter, 1);
-  }
-  consumers_sync();
-  return inv;
-}
-
-// NORM's stores, in one CTA after its units: once every CTA has counted itself (read h and a), h' and
-// x are recomputed from h and a (unchanged until now) and stored; the counter is reset for the next
-// launch (which touches it only after this grid has completed).
-__device__ __forceinline__ void norm_store(const RingNorm& n, int cols, float inv) {
-  if (threadIdx.x == 0) {
-    while (atomicAdd(n.counter, 0) < int(gridDim.x)) {
-    }
-    *n.counter = 0;
-  }
-  consumers_sync();
-  const int n8 = cols / 8;
-  for (int p = int(threadIdx.x); p < n8; p += kRingWarps * 32) {
-    float f[8], g[8], w[8];
-    unpack8(static_cast<const uint4*>(n.h)[p], f);
-    unpack8(static_cast<const uint4*>(n.a)[p], g);
-    unpack8(static_cast<const uint4*>(n.w)[p], w);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] = rbf(f[j] + rbf(n.alpha * g[j]));
-    static_cast<uint4*>(n.h)[p] = pack8(f);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] = rbf(f[j] * inv) * w[j];
-    static_cast<uint4*>(n.x)[p] = pack8(f);
-  }
-}
-
 // FMT: kQ4 (groups of 64..2048 dividing 2048) and kQ8G (int8 in groups of 32..1024 dividing
 // 1024): the parameters ride with the codes, flushed per tile; kFP8, kQ8 or kQ8S (per row: one
 // scale, and for kQ8 one bias, per row, applied at the unit's end). LOADS_ONLY (benchmarks:
 // set_qgemv_ring(2, ...)): the consumers only read the codes, no decode or mma (the outputs are
 // wrong) — what the ring moves without the arithmetic.
-// NORM: the residual update and RMSNorm before the product (launch_qgemv_ring_norm): every CTA's
-// consumers compute x = bf16(bf16(h'·inv)·w), h' = bf16(h + bf16(α·a)), as add_rmsnorm_bf16_wide's
-// 256 threads do — the same pieces, sums and order, so the same bits — into the x staging buffer,
-// while the producer streams weights; one CTA stores h' and x once every CTA has read h.
-template <int FMT, bool ACT, bool LOADS_ONLY = false, bool NORM = false>
+template <int FMT, bool ACT, bool LOADS_ONLY = false>
 __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int R = ACT ? 2 : 1;
@@ -237,14 +164,10 @@ __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingA
 
   // The consumers: x after the dependency wait.
   grid_dep_wait();
-  __shared__ float norm_inv;
-  if constexpr (NORM) norm_inv = norm_prologue(a.norm, reinterpret_cast<uint4*>(xs), in);
   // x into shared memory as f16·kXh, and Σx of each tile's columns once for all row blocks (the
-  // bias term b·Σx): KT / 4 consecutive lanes hold a tile (in / 4 is a multiple of 256). NORM: x is
-  // there as bf16 already, converted in place (each thread rewrites the 8 bytes it read).
-  const uint2* const xsrc = NORM ? xs : reinterpret_cast<const uint2*>(a.x);
+  // bias term b·Σx): KT / 4 consecutive lanes hold a tile (in / 4 is a multiple of 256).
   for (int i = int(threadIdx.x); i < in / 4; i += kRingWarps * 32) {
-    const uint2 v = xsrc[i];
+    const uint2 v = reinterpret_cast<const uint2*>(a.x)[i];
     const float f0 = __uint_as_float(v.x << 16), f1 = __uint_as_float(v.x & 0xffff0000u);
     const float f2 = __uint_as_float(v.y << 16), f3 = __uint_as_float(v.y & 0xffff0000u);
     uint2 h;
@@ -379,8 +302,6 @@ __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingA
       }
     }
   }
-  if constexpr (NORM)
-    if (int(blockIdx.x) == a.norm.writer) norm_store(a.norm, in, norm_inv);
 #else
   __trap();
 #endif
@@ -418,9 +339,9 @@ bool device_fits() {
   return ok;
 }
 
-template <int FMT, bool ACT, bool LOADS_ONLY = false, bool NORM = false>
+template <int FMT, bool ACT, bool LOADS_ONLY = false>
 void launch_ring_f(RingArgs a, bool pdl, cudaStream_t st) {
-  if constexpr (!LOADS_ONLY && !NORM) {
+  if constexpr (!LOADS_ONLY) {
     if (g_ring_mode == 2) return launch_ring_f<FMT, ACT, true>(a, pdl, st);
   }
   const size_t in = size_t(a.set.part[0].w.in);
@@ -429,49 +350,25 @@ void launch_ring_f(RingArgs a, bool pdl, cudaStream_t st) {
   a.slots = int(std::min<size_t>(cap, (kSmemLimit - fixed - 16 * kMaxSlots) / kSlotBytes<FMT>));
   a.pre = g_ring_pre >= 0 ? g_ring_pre : kDefaultPre<FMT>;
   const size_t smem = size_t(a.slots) * kSlotBytes<FMT> + fixed + 16 * size_t(a.slots);
-  auto* kernel = qgemv_ring_kernel<FMT, ACT, LOADS_ONLY, NORM>;
-  static const bool attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemLimit)) == cudaSuccess;
+  static const bool attr = cudaFuncSetAttribute(qgemv_ring_kernel<FMT, ACT, LOADS_ONLY>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemLimit)) == cudaSuccess;
   SALA_CUDA_REQUIRE(attr, "qgemv ring: shared memory attribute refused");
   const int ctas = std::min(a.units, sm_count());
-  if constexpr (NORM) {  // the norm's stores go to a CTA with the fewest units (it finishes first)
-    int best = 0, fewest = a.units + 1;
-    for (int c = 0; c < ctas; ++c) {
-      const int n = int(int64_t(a.units) * (c + 1) / ctas - int64_t(a.units) * c / ctas);
-      if (n < fewest) fewest = n, best = c;
-    }
-    a.norm.writer = best;
-  }
-  launch_pdl(pdl, kernel, dim3(unsigned(ctas)), dim3(kRingThreads), smem, st, a);
+  launch_pdl(pdl, qgemv_ring_kernel<FMT, ACT, LOADS_ONLY>, dim3(unsigned(ctas)), dim3(kRingThreads), smem, st, a);
 }
 
-template <bool ACT, bool NORM = false>
+template <bool ACT>
 void launch_ring(const RingArgs& a, bool pdl, cudaStream_t st) {
   const QWeight& w = a.set.part[0].w;
   switch (w.fmt) {
-    case kQ4: return launch_ring_f<kQ4, ACT, false, NORM>(a, pdl, st);
-    case kFP8: return launch_ring_f<kFP8, ACT, false, NORM>(a, pdl, st);
+    case kQ4: return launch_ring_f<kQ4, ACT>(a, pdl, st);
+    case kFP8: return launch_ring_f<kFP8, ACT>(a, pdl, st);
     case kQ8:
-      if (w.group != w.in) return launch_ring_f<kQ8G, ACT, false, NORM>(a, pdl, st);
-      if (symmetric_q8(a.set)) return launch_ring_f<kQ8S, ACT, false, NORM>(a, pdl, st);
-      return launch_ring_f<kQ8, ACT, false, NORM>(a, pdl, st);
+      if (w.group != w.in) return launch_ring_f<kQ8G, ACT>(a, pdl, st);
+      if (symmetric_q8(a.set)) return launch_ring_f<kQ8S, ACT>(a, pdl, st);
+      return launch_ring_f<kQ8, ACT>(a, pdl, st);
     default: SALA_CUDA_REQUIRE(false, "qgemv ring: unknown packed format");
   }
-}
-
-RingArgs set_args(const QGemvSet& set, const void* x, bool y_f32, bool trigger, bool pdl) {
-  RingArgs a{set, static_cast<const bf16*>(x), 0, 0, 0, int(y_f32), int(trigger && pdl), {}};
-  unsigned units = 0;
-  for (int i = 0; i < set.count; ++i) {
-    a.set.first[i] = units;
-    units += unsigned((set.part[i].w.out + 15) / 16);
-  }
-  a.set.first[set.count] = units;
-  a.units = int(units);
-  return a;
-}
-RingArgs act_args(const QGemvSet& set, const void* x, bool trigger, bool pdl) {
-  return {set, static_cast<const bf16*>(x), int((set.part[0].w.out + 15) / 16), 0, 0, 0, int(trigger && pdl), {}};
 }
 
 }  // namespace
@@ -502,38 +399,20 @@ bool qgemv_ring_applies(const QGemvSet& set, int N) {
 }
 
 void launch_qgemv_ring(const QGemvSet& set, const void* x, bool y_f32, bool trigger, bool pdl, cudaStream_t st) {
-  launch_ring<false>(set_args(set, x, y_f32, trigger, pdl), pdl, st);
+  RingArgs a{set, static_cast<const bf16*>(x), 0, 0, 0, int(y_f32), int(trigger && pdl)};
+  unsigned units = 0;
+  for (int i = 0; i < set.count; ++i) {
+    a.set.first[i] = units;
+    units += unsigned((set.part[i].w.out + 15) / 16);
+  }
+  a.set.first[set.count] = units;
+  a.units = int(units);
+  launch_ring<false>(a, pdl, st);
 }
 
 void launch_qgemv_ring_act(const QGemvSet& set, const void* x, bool trigger, bool pdl, cudaStream_t st) {
-  launch_ring<true>(act_args(set, x, trigger, pdl), pdl, st);
-}
-
-bool g_ring_norm = env_or("SALA_CUDA_RING_NORM", 1) != 0;
-
-int64_t g_ring_norm_launches = 0;
-
-void set_qgemv_ring_norm(bool on) { g_ring_norm = on; }
-int64_t qgemv_ring_norm_launches() { return g_ring_norm_launches; }
-
-bool qgemv_ring_norm_applies(const QGemvSet& set, int N) {
-  const int64_t in = set.part[0].w.in;
-  return g_ring_norm && g_ring_mode == 1 && qgemv_ring_applies(set, N) && in >= 1024 && in % 8 == 0;
-}
-
-void launch_qgemv_ring_norm(const QGemvSet& set, const RingNorm& norm, bool y_f32, bool trigger, bool pdl,
-                            cudaStream_t st) {
-  RingArgs a = set_args(set, nullptr, y_f32, trigger, pdl);
-  a.norm = norm;
-  launch_ring<false, true>(a, pdl, st);
-  ++g_ring_norm_launches;
-}
-
-void launch_qgemv_ring_norm_act(const QGemvSet& set, const RingNorm& norm, bool trigger, bool pdl, cudaStream_t st) {
-  RingArgs a = act_args(set, nullptr, trigger, pdl);
-  a.norm = norm;
-  launch_ring<true, true>(a, pdl, st);
-  ++g_ring_norm_launches;
+  RingArgs a{set, static_cast<const bf16*>(x), int((set.part[0].w.out + 15) / 16), 0, 0, 0, int(trigger && pdl)};
+  launch_ring<true>(a, pdl, st);
 }
 
 }  // namespace sala::cuda
