@@ -317,13 +317,15 @@ int g_ring_formats = env_or("SALA_CUDA_QGEMV_RING_FORMATS", 3);  // bit 0 int4, 
 int g_ring_slots = env_or("SALA_CUDA_QGEMV_RING_SLOTS", -1);  // at most this many chunks in the ring
 int g_ring_pre = env_or("SALA_CUDA_QGEMV_RING_PRE", -1);      // chunks requested before the dependency wait
 // Defaults from the H100 4K batch-1 step (bench/results/2026-11-27-h100-ring-gemv.md): int4 4 chunks
-// before the wait (0: 2.77, 2: 2.58–2.62, 4: 2.53, 8: 2.59 ms/step for g128) and as many 20 KB slots
-// as fit (9–10); 8-bit 8 before the wait (fp8 + lm_head 3.60–3.63 ms against 3.64 with 4) and 10
-// slots of 16 KB (13: 3.59–3.60, the same within noise).
+// before the wait (0: 2.77, 2: 2.58–2.62, 4: 2.53, 8: 2.59 ms/step for g128, f32 parameters then)
+// and 8 slots of 18 KB (f16 parameters, 2026-11-27-h100-f16-group-params.md: 2.38–2.39 ms against
+// 2.43–2.45 with the 11 that fit — a ring CTA that leaves shared memory free can start beside the
+// one-CTA norm kernels before it and prefetch — 6: 2.40, 4: 2.41); 8-bit 8 before the wait (fp8 +
+// lm_head 3.60–3.63 ms against 3.64 with 4) and 10 slots of 16 KB (13: 3.59–3.60, 8: 3.61, 6: 3.90).
 template <int FMT>
 constexpr int kDefaultPre = FMT == kQ4 ? 4 : 8;
 template <int FMT>
-constexpr int kDefaultSlots = FMT == kQ4 ? kMaxSlots : 10;
+constexpr int kDefaultSlots = FMT == kQ4 ? 8 : 10;
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
