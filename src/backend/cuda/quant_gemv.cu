@@ -267,7 +267,8 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
     const int rb = ACT ? rb0 : min(rb0 + r, rbs - 1);  // a missing second row block re-reads the last one (not stored)
     codes[r] = static_cast<const uint4*>(wr.codes) + size_t(rb) * size_t(ktiles) * 32 + lane;
     params[r] = static_cast<const uint2*>(wr.params) + size_t(rb) * size_t(groups) * 8 + g;
-    prow[r] = per_row ? ld_param(static_cast<const float4*>(wr.params) + size_t(rb) * 8 + g) : make_float4(0.f, 0.f, 0.f, 0.f);
+    prow[r] = per_row ? ld_param(static_cast<const float4*>(wr.params) + size_t(rb) * 8 + g)
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   const bool tile_group = TG == 1 || (!per_row && G % KT == 0);  // every tile inside one group: flush per tile
   // Group of tile k: k / (G / KT) — a shift when that is a power of two (no division per tile).
@@ -846,7 +847,8 @@ __global__ void qrandom_params_kernel(QWeight w, void* params, float scale, floa
     }
     if (w.group < w.in) {  // f16 tiles (quant_layout.h)
       const __half2 a = __floats2half2_rn(p[0], p[1]), b = __floats2half2_rn(p[2], p[3]);
-      static_cast<uint2*>(params)[i] = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+      static_cast<uint2*>(params)[i] =
+          make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
     } else {
       static_cast<float4*>(params)[i] = make_float4(p[0], p[1], p[2], p[3]);
     }

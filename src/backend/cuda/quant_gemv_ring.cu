@@ -224,8 +224,8 @@ __global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingA
             continue;
           }
           if constexpr (kGrouped) {
-            const float4 p =
-                gparam_f32(*reinterpret_cast<const uint2*>(slot + kChunkCodeBytes + (((tile * KT) >> gshift) * 8 + g) * 8));
+            const uint8_t* pg = slot + kChunkCodeBytes + (((tile * KT) >> gshift) * 8 + g) * 8;  // f16 {s, b, s, b}
+            const float4 p = gparam_f32(*reinterpret_cast<const uint2*>(pg));
 #pragma unroll
             for (int i = 0; i < 4; ++i) cq[0][i] = cq[1][i] = 0.f;
             const float sx = tsum[cc * kChunkTiles + tile];
