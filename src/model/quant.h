@@ -96,6 +96,8 @@ void dequantize_views(QuantFormat format, int group_size, int bits, int64_t rows
 //   int4 zero pt -> Q4,  q as stored, b = −s·z (f32 product)
 //   MLX 4/8 bits -> Q4/Q8, the uint32 words' bytes as they are (little-endian), scales and biases
 //                   widened to f32 (exact)
+// The backends then hold grouped scales and biases rounded to f16 (backend.h); the int4 scales
+// quantize_matrix writes, and MLX's bf16 ones, are f16 values already (so are int4's −s·z).
 struct PackedMatrix {
   WeightFormat format = WeightFormat::Q4;
   int64_t rows = 0, cols = 0, group = 0;
