@@ -1,6 +1,6 @@
 // The packed decode GEMV at one row fed by the bulk copy engine (sm_90): int4 in tile groups,
-// per-row fp8 / int8, int8 in groups (MLX 8-bit). One CTA per SM streams its share of the
-// product's row blocks through a shared-memory ring of 16 KB code chunks (grouped formats: each
+// per-row fp8 / int8, int8 in groups (MLX 8-bit). One CTA per SM (int4: two) streams its share of
+// the product's row blocks through a shared-memory ring of 16 KB code chunks (grouped formats: each
 // with its groups' scales and biases), and 16 warps decode from there.
 //
 // Why (bench/results/2026-11-27-h100-ring-gemv.md): one 9B token's int4 g128 weights (5.16 GB)
@@ -62,6 +62,12 @@ constexpr int kSlotBytes = kChunkCodeBytes + (FMT == kQ4 || FMT == kQ8G ? kMaxPa
 constexpr int kMaxSlots = 13;
 constexpr int kMaxIn = 16384;  // x staged in shared memory as f16 (32 KB)
 constexpr size_t kSmemLimit = 222 * 1024;  // dynamic: 227 KB per CTA less the static reduction buffer
+// CTAs per SM: int4 two (each ≤ 104 KB and ≤ 56 registers per thread, no spills: 32 decoding warps
+// per SM), 8-bit one. The grid has that many per SM.
+template <int FMT>
+constexpr int kCtasPerSm = FMT == kQ4 ? 2 : 1;
+template <int FMT>
+constexpr size_t kCtaSmem = kCtasPerSm<FMT> == 1 ? kSmemLimit : 104 * 1024;
 template <int FMT>
 constexpr int kChunkCols = kChunkTiles * tile_k(FMT == kQ4 ? kQ4 : kQ8);  // Q4 2048, 8-bit 1024
 
@@ -107,7 +113,7 @@ __device__ __forceinline__ void unit_block(const QGemvSet& s, int u, int r, int*
 // set_qgemv_ring(2, ...)): the consumers only read the codes, no decode or mma (the outputs are
 // wrong) — what the ring moves without the arithmetic.
 template <int FMT, bool ACT, bool LOADS_ONLY = false>
-__global__ void __launch_bounds__(kRingThreads, 1) qgemv_ring_kernel(const RingArgs a) {
+__global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kernel(const RingArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int R = ACT ? 2 : 1;
   constexpr bool kGrouped = FMT == kQ4 || FMT == kQ8G;
@@ -317,15 +323,16 @@ int g_ring_formats = env_or("SALA_CUDA_QGEMV_RING_FORMATS", 3);  // bit 0 int4, 
 int g_ring_slots = env_or("SALA_CUDA_QGEMV_RING_SLOTS", -1);  // at most this many chunks in the ring
 int g_ring_pre = env_or("SALA_CUDA_QGEMV_RING_PRE", -1);      // chunks requested before the dependency wait
 // Defaults from the H100 4K batch-1 step (bench/results/2026-11-27-h100-ring-gemv.md): int4 4 chunks
-// before the wait (0: 2.77, 2: 2.58–2.62, 4: 2.53, 8: 2.59 ms/step for g128, f32 parameters then)
-// and 8 slots of 18 KB (f16 parameters, 2026-11-27-h100-f16-group-params.md: 2.38–2.39 ms against
-// 2.43–2.45 with the 11 that fit — a ring CTA that leaves shared memory free can start beside the
-// one-CTA norm kernels before it and prefetch — 6: 2.40, 4: 2.41); 8-bit 8 before the wait (fp8 +
-// lm_head 3.60–3.63 ms against 3.64 with 4) and 10 slots of 16 KB (13: 3.59–3.60, 8: 3.61, 6: 3.90).
+// before the wait (0: 2.77, 2: 2.58–2.62, 4: 2.53, 8: 2.59 ms/step for g128, f32 parameters then);
+// with f16 parameters (2026-11-27-h100-f16-group-params.md) 8 slots of 18 KB in one CTA per SM
+// (2.38–2.39 ms against 2.43–2.45 with the 11 that fit: a ring that leaves shared memory free
+// starts beside the one-CTA norm kernels before it), then two CTAs per SM of 4 slots each (2.33–2.35:
+// twice the decoding warps). 8-bit: 8 before the wait (fp8 + lm_head 3.60–3.63 ms against 3.64
+// with 4) and 10 slots of 16 KB in one CTA (13: 3.59–3.60, 8: 3.61, 6: 3.90; two CTAs of 4: 3.61).
 template <int FMT>
 constexpr int kDefaultPre = FMT == kQ4 ? 4 : 8;
 template <int FMT>
-constexpr int kDefaultSlots = FMT == kQ4 ? 8 : 10;
+constexpr int kDefaultSlots = FMT == kQ4 ? 4 : 10;
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
@@ -349,14 +356,17 @@ void launch_ring_f(RingArgs a, bool pdl, cudaStream_t st) {
   const size_t in = size_t(a.set.part[0].w.in);
   const size_t fixed = in * 2 + in / 32 * 4;  // x, Σx per tile
   const int cap = g_ring_slots >= 2 ? std::min(g_ring_slots, kMaxSlots) : kDefaultSlots<FMT>;
-  a.slots = int(std::min<size_t>(cap, (kSmemLimit - fixed - 16 * kMaxSlots) / kSlotBytes<FMT>));
+  a.slots = int(std::min<size_t>(cap, (kCtaSmem<FMT> - fixed - 16 * kMaxSlots) / kSlotBytes<FMT>));
   a.pre = g_ring_pre >= 0 ? g_ring_pre : kDefaultPre<FMT>;
   const size_t smem = size_t(a.slots) * kSlotBytes<FMT> + fixed + 16 * size_t(a.slots);
-  static const bool attr = cudaFuncSetAttribute(qgemv_ring_kernel<FMT, ACT, LOADS_ONLY>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemLimit)) == cudaSuccess;
-  SALA_CUDA_REQUIRE(attr, "qgemv ring: shared memory attribute refused");
-  const int ctas = std::min(a.units, sm_count());
-  launch_pdl(pdl, qgemv_ring_kernel<FMT, ACT, LOADS_ONLY>, dim3(unsigned(ctas)), dim3(kRingThreads), smem, st, a);
+  auto* kernel = qgemv_ring_kernel<FMT, ACT, LOADS_ONLY>;
+  static const bool attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCtaSmem<FMT>)) == cudaSuccess &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) ==
+          cudaSuccess;
+  SALA_CUDA_REQUIRE(attr, "qgemv ring: shared memory attributes refused");
+  const int ctas = std::min(a.units, sm_count() * kCtasPerSm<FMT>);
+  launch_pdl(pdl, kernel, dim3(unsigned(ctas)), dim3(kRingThreads), smem, st, a);
 }
 
 template <bool ACT>
