@@ -326,8 +326,9 @@ int g_ring_pre = env_or("SALA_CUDA_QGEMV_RING_PRE", -1);      // chunks requeste
 // before the wait (0: 2.77, 2: 2.58–2.62, 4: 2.53, 8: 2.59 ms/step for g128, f32 parameters then);
 // with f16 parameters (2026-11-27-h100-f16-group-params.md) 8 slots of 18 KB in one CTA per SM
 // (2.38–2.39 ms against 2.43–2.45 with the 11 that fit: a ring that leaves shared memory free
-// starts beside the one-CTA norm kernels before it), then two CTAs per SM of 4 slots each (2.33–2.35:
-// twice the decoding warps). 8-bit: 8 before the wait (fp8 + lm_head 3.60–3.63 ms against 3.64
+// starts beside the one-CTA norm kernels before it), then two CTAs per SM of 4 slots each (2.35–2.38
+// against 2.38–2.44 in interleaved runs: twice the decoding warps; 3 or 5 slots, 2 or 3 chunks
+// before the wait: the same within noise). 8-bit: 8 before the wait (fp8 + lm_head 3.60–3.63 ms against 3.64
 // with 4) and 10 slots of 16 KB in one CTA (13: 3.59–3.60, 8: 3.61, 6: 3.90; two CTAs of 4: 3.61).
 template <int FMT>
 constexpr int kDefaultPre = FMT == kQ4 ? 4 : 8;
