@@ -104,6 +104,12 @@ inline void tile_codes(const TileGeom& g, const uint8_t* src, uint8_t* dst) {
     }
 }
 
+// Index of the {s, b, s, b} set of (row block rb, group gi, lane group lg) in the parameter tiles
+// (16 bytes each per row, 8 grouped).
+inline int64_t param_index(const TileGeom& g, int64_t rb, int64_t gi, int lg) {
+  return (rb * g.groups() + gi) * 8 + lg;
+}
+
 // Interleaves scales/biases ([rows, groups], biases may be null = 0) into the parameter tiles
 // (dst: g.param_bytes() bytes): f32 per row, f16 (rounded to nearest even) for grouped weights.
 inline void tile_params(const TileGeom& g, const float* scales, const float* biases, uint8_t* dst) {
@@ -111,7 +117,7 @@ inline void tile_params(const TileGeom& g, const float* scales, const float* bia
   const int64_t G = g.groups();
   for (int64_t r = 0; r < g.rows; ++r)
     for (int64_t gi = 0; gi < G; ++gi) {
-      const int64_t rb = r / 16, rr = r % 16, slot = ((rb * G + gi) * 8 + rr % 8) * 4 + (rr / 8) * 2;
+      const int64_t rr = r % 16, slot = param_index(g, r / 16, gi, int(rr % 8)) * 4 + (rr / 8) * 2;
       const float s = scales[r * G + gi], b = biases ? biases[r * G + gi] : 0.f;
       if (g.grouped()) {
         const uint16_t h[2] = {f32_to_f16(s), f32_to_f16(b)};
@@ -126,7 +132,7 @@ inline void tile_params(const TileGeom& g, const float* scales, const float* bia
 // {s(row g), b(row g), s(row g + 8), b(row g + 8)} of (row block rb, group gi, lane group g) from
 // the parameter tiles, as f32 (host emulation and tests).
 inline void param_at(const TileGeom& g, const uint8_t* tiles, int64_t rb, int64_t gi, int lg, float out[4]) {
-  const int64_t slot = ((rb * g.groups() + gi) * 8 + lg) * 4;
+  const int64_t slot = param_index(g, rb, gi, lg) * 4;
   if (g.grouped()) {
     uint16_t h[4];
     std::memcpy(h, tiles + slot * 2, 8);

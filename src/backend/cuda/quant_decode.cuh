@@ -90,6 +90,10 @@ __device__ __forceinline__ uint2 ld_gparam(const uint2* p) {
   asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
   return v;
 }
+// A per-row weight's f32 parameters of (row block rb, lane group g).
+__device__ __forceinline__ float4 ld_row_param(const void* params, int64_t rb, int g) {
+  return ld_param(static_cast<const float4*>(params) + rb * 8 + g);
+}
 // A grouped weight's four f16 parameters as f32 (exact).
 __device__ __forceinline__ float4 gparam_f32(uint2 h) {
   const float2 a = f16x2_to_float2(h.x), b = f16x2_to_float2(h.y);
@@ -98,9 +102,8 @@ __device__ __forceinline__ float4 gparam_f32(uint2 h) {
 // The parameters of (row block rb, group gi, lane group g), whichever the layout.
 __device__ __forceinline__ float4 param_at(const void* params, bool grouped, int64_t rb, int64_t groups, int64_t gi,
                                            int g) {
-  const int64_t i = (rb * groups + gi) * 8 + g;
-  return grouped ? gparam_f32(ld_gparam(static_cast<const uint2*>(params) + i))
-                 : ld_param(static_cast<const float4*>(params) + i);
+  return grouped ? gparam_f32(ld_gparam(static_cast<const uint2*>(params) + (rb * groups + gi) * 8 + g))
+                 : ld_row_param(params, rb, g);  // per row: groups = 1, gi = 0
 }
 
 // Decode mode of symmetric int8 (QWeight::sym: every bias −128·scale) in the per-row GEMVs (≤ 8

@@ -342,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(BN))
   for (int i = 0; i < kAcc; ++i) keep(acc[i]);
   uint4 cbuf[2][CT];
   float4 pbuf[2];
-  pbuf[0] = pbuf[1] = live && per_row ? ld_param(static_cast<const float4*>(w.params) + prb * 8 + g)
+  pbuf[0] = pbuf[1] = live && per_row ? ld_row_param(w.params, prb, g)
                                       : make_float4(0.f, 0.f, 0.f, 0.f);  // per-row formats: for good
   constexpr bool OVERLAP = VARIANT == kOverlapped;
   uint32_t a[OVERLAP ? 2 : 1][4][4];

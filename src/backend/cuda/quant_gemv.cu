@@ -267,8 +267,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
     const int rb = ACT ? rb0 : min(rb0 + r, rbs - 1);  // a missing second row block re-reads the last one (not stored)
     codes[r] = static_cast<const uint4*>(wr.codes) + size_t(rb) * size_t(ktiles) * 32 + lane;
     params[r] = static_cast<const uint2*>(wr.params) + size_t(rb) * size_t(groups) * 8 + g;
-    prow[r] = per_row ? ld_param(static_cast<const float4*>(wr.params) + size_t(rb) * 8 + g)
-                      : make_float4(0.f, 0.f, 0.f, 0.f);
+    prow[r] = per_row ? ld_row_param(wr.params, rb, g) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   const bool tile_group = TG == 1 || (!per_row && G % KT == 0);  // every tile inside one group: flush per tile
   // Group of tile k: k / (G / KT) — a shift when that is a power of two (no division per tile).
@@ -559,8 +558,7 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
   };
 
   load(c0, cA, pA);  // weights never depend on earlier kernels: requested before the wait
-  const float4 prow =
-      per_row ? ld_param(static_cast<const float4*>(w.params) + size_t(rbc) * 8 + g) : make_float4(0.f, 0.f, 0.f, 0.f);
+  const float4 prow = per_row ? ld_row_param(w.params, rbc, g) : make_float4(0.f, 0.f, 0.f, 0.f);
   grid_dep_wait();
   if (trigger) launch_dependents();
   stage_x(c0, 0);

@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kern
         for (int r = 0; r < R; ++r) {
           int part, rb;
           unit_block<ACT>(set, u, r, &part, &rb);
-          prow[r] = ld_param(static_cast<const float4*>(set.part[part].w.params) + size_t(rb) * 8 + (lane & 7));
+          prow[r] = ld_row_param(set.part[part].w.params, rb, lane & 7);
         }
     }
     float cf[R][4];
