@@ -244,8 +244,8 @@ int run_bench(int argc, char** argv) {
                 P{"fp8 4096x16384", false, 4096, 16384, WeightFormat::FP8},
                 P{"fp8 4096x4096", false, 4096, 4096, WeightFormat::FP8}}) {
       const int parts = p.act ? 2 : 1;
-      const bool q4 = p.f == WeightFormat::Q4;  // int4 g128: 0.5 B codes + f32 scale and bias per 128 columns
-      const int64_t wbytes = (q4 ? p.out * p.in * 9 / 16 : p.out * p.in) * parts;
+      const bool q4 = p.f == WeightFormat::Q4;  // int4 g128: 0.5 B codes + f16 scale and bias per 128 columns
+      const int64_t wbytes = (q4 ? p.out * p.in * 17 / 32 : p.out * p.in) * parts;
       const bool from_l2 = std::strstr(p.name, "L2") != nullptr;
       const int copies = from_l2 ? 1 : int(std::max<int64_t>(2, (int64_t(512) << 20) / wbytes));
       std::vector<Weight> ws;

@@ -74,10 +74,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_kernel(SparseArgs a)
     prow[hr] = ok ? p0 + tok : -1;
     qoff[hr] = ok ? int64_t(it.row0 + tok) * a.ldq + int64_t(it.head0 + hh) * D : -1;
   }
-  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
-  uint32_t qf[D / 16][4];
-  load_q_frags<D>(qf, a.q, a.dtq, qoff[0], qoff[1], lane);
-
   // This warp's chunks, and its tiles of ≤ 32 keys (a sparse block of bs keys is ⌈bs/32⌉ tiles).
   const int cps = (it.nchunks + it.nsplit - 1) / it.nsplit;
   const int cb = it.split * cps, ce = min(cb + cps, it.nchunks);
@@ -112,6 +108,20 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_kernel(SparseArgs a)
     cp_async_commit();
   };
 
+  // Dense tiles whose keys were all cached before this forward (every one but the tile of the
+  // newest keys, which the append kernel just before writes) are requested before the wait: the
+  // first two, as many as the double buffer holds — at 4K decode a warp's whole share. Sparse
+  // tiles follow the selection of this forward: after it.
+  int issued = 0;
+  if (!it.sparse)
+    while (issued < 2 && issued < ntiles && 32 * (wb + issued) + 32 <= s.cached) {
+      issue(issued, lookup(issued));
+      ++issued;
+    }
+  grid_dep_wait();  // launched with PDL in decode (g_small_pdl)
+  uint32_t qf[D / 16][4];
+  load_q_frags<D>(qf, a.q, a.dtq, qoff[0], qoff[1], lane);
+
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float o[D / 8][4];
 #pragma unroll
@@ -119,13 +129,12 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attention_kernel(SparseArgs a)
   const float sl2 = a.scale * kLog2e;
 
   // Pipeline: tile t+1 is in flight while tile t is computed; page lookups run one tile ahead
-  // of the copies.
-  if (ntiles > 0) issue(0, lookup(0));
-  int64_t pre = lookup(1);
+  // of the copies (`pre`: tile `issued`, the next to request).
+  if (issued == 0 && ntiles > 0) issue(0, lookup(0)), issued = 1;
+  int64_t pre = lookup(issued);
   for (int t = 0; t < ntiles; ++t) {
     if (t + 1 < ntiles) {
-      issue((t + 1) & 1, pre);
-      pre = lookup(t + 2);
+      if (t + 1 == issued) issue((t + 1) & 1, pre), pre = lookup(++issued);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();

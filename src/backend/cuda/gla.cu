@@ -69,6 +69,10 @@ __global__ void __launch_bounds__((TC / 4) * (D / 4)) gla_recurrent_kernel(GlaAr
   __shared__ float qk[NORM ? 2 : 1][2][NORM ? D : 1];  // NORM: token t's normalised q, k in qk[t & 1]
   for (int t = 0; t < s.n_new; ++t) {
     const int64_t row = s.start + t;
+    // v first: its loads are in flight while warp 0 normalises q and k (NORM), not after.
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = ldf(a.v, a.dt, row * a.ldv + int64_t(kh) * D + col0 + i);
     if constexpr (NORM) {
       if (tid < 32) {
         const bf16* src = is_k ? static_cast<const bf16*>(a.k) + row * a.ldk + int64_t(kh) * D
@@ -83,12 +87,11 @@ __global__ void __launch_bounds__((TC / 4) * (D / 4)) gla_recurrent_kernel(GlaAr
       }
       __syncthreads();
     }
-    float q[4], k[4], v[4], p[4] = {0, 0, 0, 0};
+    float q[4], k[4], p[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       q[i] = NORM ? qk[t & 1][0][4 * rg + i] : ldf(a.q, a.dt, row * a.ldq + int64_t(h) * D + 4 * rg + i);
       k[i] = NORM ? qk[t & 1][1][4 * rg + i] : ldf(a.k, a.dt, row * a.ldk + int64_t(kh) * D + 4 * rg + i);
-      v[i] = ldf(a.v, a.dt, row * a.ldv + int64_t(kh) * D + col0 + i);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i)

@@ -25,9 +25,10 @@
 // would compete with the small kernels before this one for memory) — and each of 16 consumer
 // warps takes 2 tiles of every chunk, then frees it on its "empty" mbarrier. x is staged as f16
 // (·2⁻⁴) and the mma runs in f16: int4 codes are made f16 where they lie (1024 + q, 1024 + 16·q:
-// 5 instructions per 8 codes against the register GEMV's 7) and flushed per tile with the offsets
-// folded into the group's scale and bias, Σx of each tile computed once per CTA instead of by a
-// second mma per step; fp8 and int8 take the register GEMV's exact f16 decodes (decode_a_f16)
+// 5 instructions per 8 codes against the register GEMV's 7) and flushed per tile (groups of 128 and
+// more: per warp's pair of tiles, one group — half the parameter work; products alone 1–4% faster)
+// with the offsets folded into the group's scale and bias, Σx of each tile computed once per CTA
+// instead of by a second mma per step; fp8 and int8 take the register GEMV's exact f16 decodes (decode_a_f16)
 // and the row's scale (and bias·Σx) at the unit's end, grouped int8 flushed per tile like int4.
 // At a unit's end the warps' sums meet in shared memory (double-buffered: one barrier per unit).
 // Bit for bit the same sums for a part whether launched alone, grouped, or fused with silu·mul;
@@ -111,14 +112,17 @@ __device__ __forceinline__ void unit_block(const QGemvSet& s, int u, int r, int*
 // 1024): the parameters ride with the codes, flushed per tile; kFP8, kQ8 or kQ8S (per row: one
 // scale, and for kQ8 one bias, per row, applied at the unit's end). LOADS_ONLY (benchmarks:
 // set_qgemv_ring(2, ...)): the consumers only read the codes, no decode or mma (the outputs are
-// wrong) — what the ring moves without the arithmetic.
-template <int FMT, bool ACT, bool LOADS_ONLY = false>
+// wrong) — what the ring moves without the arithmetic. PAIR (kQ4 in groups of ≥ 128 columns: a
+// consumer warp's two tiles of a chunk lie in one group): the pair's mma sums are flushed once,
+// with the pair's Σx — half the parameter loads, conversions and flushes of the per-tile path.
+template <int FMT, bool ACT, bool LOADS_ONLY = false, bool PAIR = false>
 __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kernel(const RingArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int R = ACT ? 2 : 1;
   constexpr bool kGrouped = FMT == kQ4 || FMT == kQ8G;
   constexpr int KT = FMT == kQ4 ? 64 : 32, MT = KT / 16, CC = kChunkCols<FMT>;
   constexpr bool kTileSums = FMT == kQ4 || FMT == kQ8 || FMT == kQ8G;  // the bias term b·Σx
+  static_assert(!PAIR || (FMT == kQ4 && kWarpTiles == 2), "PAIR: int4, two tiles per warp");
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ float red[2][R][kRingWarps][16];
   __shared__ float xtotal;  // kQ8: Σx of the whole row
@@ -221,6 +225,8 @@ __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kern
       for (int cc = 0; cc < cpr; ++cc) {
         mbar_wait(full + 8 * s, phase);
         const uint8_t* slot = ring + size_t(s) * kSlotBytes<FMT>;
+        float4 p;  // grouped: the (pair's) group parameters
+        float sx;  // and Σx of its columns
 #pragma unroll
         for (int q = 0; q < kWarpTiles; ++q) {
           const int tile = warp * kWarpTiles + q, col = cc * CC + tile * KT;
@@ -230,11 +236,16 @@ __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kern
             continue;
           }
           if constexpr (kGrouped) {
-            const uint8_t* pg = slot + kChunkCodeBytes + (((tile * KT) >> gshift) * 8 + g) * 8;  // f16 {s, b, s, b}
-            const float4 p = gparam_f32(*reinterpret_cast<const uint2*>(pg));
+            const bool first = !PAIR || q == 0, last = !PAIR || q == kWarpTiles - 1;  // folded: q unrolled
+            if (first) {
+              const uint8_t* pg = slot + kChunkCodeBytes + (((tile * KT) >> gshift) * 8 + g) * 8;  // f16 {s, b, s, b}
+              p = gparam_f32(*reinterpret_cast<const uint2*>(pg));
 #pragma unroll
-            for (int i = 0; i < 4; ++i) cq[0][i] = cq[1][i] = 0.f;
-            const float sx = tsum[cc * kChunkTiles + tile];
+              for (int i = 0; i < 4; ++i) cq[0][i] = cq[1][i] = 0.f;
+              sx = tsum[cc * kChunkTiles + tile];
+            } else {
+              sx += tsum[cc * kChunkTiles + tile];
+            }
             if constexpr (FMT == kQ4) {
 #pragma unroll
               for (int j = 0; j < MT; ++j) {
@@ -248,6 +259,7 @@ __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kern
               }
               // acc = Σ (1024 + q)·x/16 for rows g, Σ (1024 + 16·q)·x/16 for rows g + 8; so
               // s·Σq·x + b·Σx = 16·s·acc + (b − 1024·s)·Σx, and s·acc + (b − 64·s)·Σx.
+              if (!last) continue;
               const float s0 = 16.f * p.x, b0 = fmaf(-1024.f, p.x, p.y), s1 = p.z, b1 = fmaf(-64.f, p.z, p.w);
               cf[r][0] = fmaf(s0, cq[0][0] + cq[1][0], fmaf(b0, sx, cf[r][0]));
               cf[r][2] = fmaf(s1, cq[0][2] + cq[1][2], fmaf(b1, sx, cf[r][2]));
@@ -322,6 +334,7 @@ int g_ring_mode = env_or("SALA_CUDA_QGEMV_RING", 1) != 0;  // 0: the register GE
 int g_ring_formats = env_or("SALA_CUDA_QGEMV_RING_FORMATS", 3);  // bit 0 int4, bit 1 fp8 / int8
 int g_ring_slots = env_or("SALA_CUDA_QGEMV_RING_SLOTS", -1);  // at most this many chunks in the ring
 int g_ring_pre = env_or("SALA_CUDA_QGEMV_RING_PRE", -1);      // chunks requested before the dependency wait
+int g_ring_pair = env_or("SALA_CUDA_QGEMV_RING_PAIR", 1);     // 0: int4 flushes per tile in any group
 // Defaults from the H100 4K batch-1 step (bench/results/2026-11-27-h100-ring-gemv.md): int4 4 chunks
 // before the wait (0: 2.77, 2: 2.58–2.62, 4: 2.53, 8: 2.59 ms/step for g128, f32 parameters then);
 // with f16 parameters (2026-11-27-h100-f16-group-params.md) 8 slots of 18 KB in one CTA per SM
@@ -349,7 +362,7 @@ bool device_fits() {
   return ok;
 }
 
-template <int FMT, bool ACT, bool LOADS_ONLY = false>
+template <int FMT, bool ACT, bool LOADS_ONLY = false, bool PAIR = false>
 void launch_ring_f(RingArgs a, bool pdl, cudaStream_t st) {
   if constexpr (!LOADS_ONLY) {
     if (g_ring_mode == 2) return launch_ring_f<FMT, ACT, true>(a, pdl, st);
@@ -360,7 +373,7 @@ void launch_ring_f(RingArgs a, bool pdl, cudaStream_t st) {
   a.slots = int(std::min<size_t>(cap, (kCtaSmem<FMT> - fixed - 16 * kMaxSlots) / kSlotBytes<FMT>));
   a.pre = g_ring_pre >= 0 ? g_ring_pre : kDefaultPre<FMT>;
   const size_t smem = size_t(a.slots) * kSlotBytes<FMT> + fixed + 16 * size_t(a.slots);
-  auto* kernel = qgemv_ring_kernel<FMT, ACT, LOADS_ONLY>;
+  auto* kernel = qgemv_ring_kernel<FMT, ACT, LOADS_ONLY, PAIR>;
   static const bool attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCtaSmem<FMT>)) == cudaSuccess &&
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) ==
@@ -374,7 +387,9 @@ template <bool ACT>
 void launch_ring(const RingArgs& a, bool pdl, cudaStream_t st) {
   const QWeight& w = a.set.part[0].w;
   switch (w.fmt) {
-    case kQ4: return launch_ring_f<kQ4, ACT>(a, pdl, st);
+    case kQ4:  // a warp's two tiles (128 columns) in one group: one flush for the pair
+      if (w.group >= 2 * tile_k(kQ4) && g_ring_pair) return launch_ring_f<kQ4, ACT, false, true>(a, pdl, st);
+      return launch_ring_f<kQ4, ACT>(a, pdl, st);
     case kFP8: return launch_ring_f<kFP8, ACT>(a, pdl, st);
     case kQ8:
       if (w.group != w.in) return launch_ring_f<kQ8G, ACT>(a, pdl, st);
