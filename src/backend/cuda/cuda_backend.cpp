@@ -1051,6 +1051,7 @@ void CudaBackend::lightning_block(int layer, Mat q, Mat k, const Mat& v, const L
     qk.positions = n.rope ? d_positions_ : nullptr;
     qk.inv_freq = n.rope ? inv_freq(n.theta, n.head_dim) : nullptr;
     qk.eps = n.eps;
+    if (cuda::bench_skips(cuda::kSkipGla, q.rows)) return lightning_output(n, out);  // timing experiment
     if (cuda::launch_gla_recurrent_normed(a, qk, stream_)) {
       ++fused_gla_launches_;
       return lightning_output(n, out);
@@ -1112,6 +1113,7 @@ void CudaBackend::sparse_block(int layer, const Mat& q, const Mat& k, const Mat&
              out.cols, Hq, Hkv, d);
   SALA_CHECK(q.rows == k.rows && q.rows == v.rows && q.rows == out.rows && q.rows == n_tokens_,
              "cuda sparse_attention: {} rows for a batch of {} tokens", q.rows, n_tokens_);
+  if (cuda::bench_skips(cuda::kSkipAttention, q.rows)) return;  // timing experiment: no append, no attention
   SALA_CHECK(k.dtype == v.dtype, "cuda sparse_attention: k and v must share one dtype");
   cuda::PoolGeom g{};
   g.k = k_, g.v = v_, g.k1 = k1_, g.k2 = k2_;

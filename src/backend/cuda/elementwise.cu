@@ -415,6 +415,7 @@ bool launch_add_rmsnorm(void* h, const void* a, float alpha, const void* w, void
   const bool ok = dt == kBF16 && cols % 8 == 0 && cols >= 1024 && cols <= 8 * 256 * 8 && aligned16(h) &&
                   aligned16(a) && aligned16(w) && aligned16(y);
   if (!ok || rows <= 0) return false;
+  if (bench_skips(kSkipAddNorm, rows)) return true;
   const int ppt = int((cols / 8 + 255) / 256);
   auto go = [&](auto kernel) {
     launch_pdl(g_small_pdl, kernel, dim3(unsigned(rows)), dim3(256), 0, st, static_cast<bf16*>(h),
@@ -448,6 +449,7 @@ bool launch_rmsnorm_gate(const void* x, const void* w, const void* z, void* y, i
   const bool ok = cols % 8 == 0 && cols >= 1024 && cols <= 8 * 256 * 8 && aligned16(x) && aligned16(w) &&
                   aligned16(z) && aligned16(y);
   if (!ok || rows <= 0) return false;
+  if (bench_skips(kSkipGateNorm, rows)) return true;
   const int ppt = int((cols / 8 + 255) / 256);
   auto go = [&](auto kernel) {
     launch_pdl(g_small_pdl, kernel, dim3(unsigned(rows)), dim3(256), 0, st, static_cast<const bf16*>(x),

@@ -13,6 +13,11 @@ namespace sala::cuda {
 // generic elementwise paths).
 enum Dt : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
+// Timing experiments (bench_skip.cpp, SALA_CUDA_BENCH_SKIP): whether a one-row launch of these
+// kernels is skipped — outputs wrong, a warning printed once.
+enum BenchSkip : int { kSkipAddNorm = 1, kSkipGateNorm = 2, kSkipGla = 4, kSkipAttention = 8 };
+bool bench_skips(int kernels, int64_t rows);
+
 // ---- per-batch metadata (built on the host in begin_batch, one upload per batch) ----
 struct SeqMeta {
   int32_t slot, start, n_new, cached;

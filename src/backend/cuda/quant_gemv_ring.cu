@@ -35,6 +35,7 @@
 // not bit for bit the register GEMV (another summation order; int4's offset 1024 costs ~10 bits
 // of the fp32 sums: ~1e-5 relative).
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 
 #include "backend/cuda/common.cuh"
@@ -330,7 +331,15 @@ int env_or(const char* name, int fallback) {
   const char* e = std::getenv(name);
   return e && *e ? std::atoi(e) : fallback;
 }
-int g_ring_mode = env_or("SALA_CUDA_QGEMV_RING", 1) != 0;  // 0: the register GEMV
+// 0: the register GEMV; 2: the ring's loads alone (a timing experiment: outputs wrong, says so).
+int ring_mode_from_env() {
+  const int m = env_or("SALA_CUDA_QGEMV_RING", 1);
+  if (m == 2)
+    std::fprintf(stderr, "warning: SALA_CUDA_QGEMV_RING=2: the ring GEMV only loads its weights, outputs are wrong "
+                         "(timing experiments only)\n");
+  return m == 2 ? 2 : m != 0;
+}
+int g_ring_mode = ring_mode_from_env();
 int g_ring_formats = env_or("SALA_CUDA_QGEMV_RING_FORMATS", 3);  // bit 0 int4, bit 1 fp8 / int8
 int g_ring_slots = env_or("SALA_CUDA_QGEMV_RING_SLOTS", -1);  // at most this many chunks in the ring
 int g_ring_pre = env_or("SALA_CUDA_QGEMV_RING_PRE", -1);      // chunks requested before the dependency wait
