@@ -28,8 +28,9 @@
 // 5 instructions per 8 codes against the register GEMV's 7) and flushed per tile (groups of 128 and
 // more: per warp's pair of tiles, one group — half the parameter work; products alone 1–4% faster)
 // with the offsets folded into the group's scale and bias, Σx of each tile computed once per CTA
-// instead of by a second mma per step; fp8 and int8 take the register GEMV's exact f16 decodes (decode_a_f16)
-// and the row's scale (and bias·Σx) at the unit's end, grouped int8 flushed per tile like int4.
+// instead of by a second mma per step; fp8 and int8 take the register GEMV's exact f16 decodes
+// (decode_a_f16) and the row's scale (and bias·Σx) at the unit's end, grouped int8 flushed per
+// tile like int4.
 // At a unit's end the warps' sums meet in shared memory (double-buffered: one barrier per unit).
 // Bit for bit the same sums for a part whether launched alone, grouped, or fused with silu·mul;
 // not bit for bit the register GEMV (another summation order; int4's offset 1024 costs ~10 bits
