@@ -350,11 +350,13 @@ int g_ring_pair = env_or("SALA_CUDA_QGEMV_RING_PAIR", 1);     // 0: int4 flushes
 // with f16 parameters (2026-11-27-h100-f16-group-params.md) 8 slots of 18 KB in one CTA per SM
 // (2.38–2.39 ms against 2.43–2.45 with the 11 that fit: a ring that leaves shared memory free
 // starts beside the one-CTA norm kernels before it), then two CTAs per SM of 4 slots each (2.35–2.38
-// against 2.38–2.44 in interleaved runs: twice the decoding warps; 3 or 5 slots, 2 or 3 chunks
-// before the wait: the same within noise). 8-bit: 8 before the wait (fp8 + lm_head 3.60–3.63 ms against 3.64
-// with 4) and 10 slots of 16 KB in one CTA (13: 3.59–3.60, 8: 3.61, 6: 3.90; two CTAs of 4: 3.61).
+// against 2.38–2.44 in interleaved runs: twice the decoding warps); with the pair flush
+// (2026-11-27-h100-step-decomposition.md, runs 10–12) 3 chunks before the wait: int4 g128 + lm_head
+// 2.27–2.30 ms against 2.30–2.32 with 4 (2: 2.33, 5: 2.32; 3 or 5 slots: 2.30–2.34). 8-bit: 8
+// before the wait (fp8 + lm_head 3.60–3.63 ms against 3.64 with 4) and 10 slots of 16 KB in one CTA
+// (13: 3.59–3.60, 8: 3.61, 6: 3.90; two CTAs of 4: 3.61).
 template <int FMT>
-constexpr int kDefaultPre = FMT == kQ4 ? 4 : 8;
+constexpr int kDefaultPre = FMT == kQ4 ? 3 : 8;
 template <int FMT>
 constexpr int kDefaultSlots = FMT == kQ4 ? 4 : 10;
 
