@@ -26,7 +26,8 @@
 // warps takes 2 tiles of every chunk, then frees it on its "empty" mbarrier. x is staged as f16
 // (·2⁻⁴) and the mma runs in f16: int4 codes are made f16 where they lie (1024 + q, 1024 + 16·q:
 // 5 instructions per 8 codes against the register GEMV's 7) and flushed per tile (groups of 128 and
-// more: per warp's pair of tiles, one group — half the parameter work; products alone 1–4% faster)
+// more: per warp's pair of tiles, one group — half the parameter work; products alone 1–4% faster;
+// grouped int8 likewise in groups of ≥ 64)
 // with the offsets folded into the group's scale and bias, Σx of each tile computed once per CTA
 // instead of by a second mma per step; fp8 and int8 take the register GEMV's exact f16 decodes
 // (decode_a_f16) and the row's scale (and bias·Σx) at the unit's end, grouped int8 flushed per
@@ -114,9 +115,10 @@ __device__ __forceinline__ void unit_block(const QGemvSet& s, int u, int r, int*
 // 1024): the parameters ride with the codes, flushed per tile; kFP8, kQ8 or kQ8S (per row: one
 // scale, and for kQ8 one bias, per row, applied at the unit's end). LOADS_ONLY (benchmarks:
 // set_qgemv_ring(2, ...)): the consumers only read the codes, no decode or mma (the outputs are
-// wrong) — what the ring moves without the arithmetic. PAIR (kQ4 in groups of ≥ 128 columns: a
-// consumer warp's two tiles of a chunk lie in one group): the pair's mma sums are flushed once,
-// with the pair's Σx — half the parameter loads, conversions and flushes of the per-tile path.
+// wrong) — what the ring moves without the arithmetic. PAIR (grouped, a consumer warp's two tiles
+// of a chunk in one group: kQ4 in groups of ≥ 128 columns, kQ8G of ≥ 64): the pair's mma sums are
+// flushed once, with the pair's Σx — half the parameter loads, conversions and flushes of the
+// per-tile path.
 template <int FMT, bool ACT, bool LOADS_ONLY = false, bool PAIR = false>
 __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kernel(const RingArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kern
   constexpr bool kGrouped = FMT == kQ4 || FMT == kQ8G;
   constexpr int KT = FMT == kQ4 ? 64 : 32, MT = KT / 16, CC = kChunkCols<FMT>;
   constexpr bool kTileSums = FMT == kQ4 || FMT == kQ8 || FMT == kQ8G;  // the bias term b·Σx
-  static_assert(!PAIR || (FMT == kQ4 && kWarpTiles == 2), "PAIR: int4, two tiles per warp");
+  static_assert(!PAIR || (kGrouped && kWarpTiles == 2), "PAIR: grouped formats, two tiles per warp");
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ float red[2][R][kRingWarps][16];
   __shared__ float xtotal;  // kQ8: Σx of the whole row
@@ -272,6 +274,7 @@ __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kern
                 decode_a_f16<kQ8>(c, j, af);
                 mma16816_f16(cq[j & 1], af, xs[(col + 16 * j + 4 * t) / 4]);
               }
+              if (!last) continue;
               cf[r][0] = fmaf(16.f * p.x, cq[0][0] + cq[1][0], fmaf(p.y, sx, cf[r][0]));
               cf[r][2] = fmaf(16.f * p.z, cq[0][2] + cq[1][2], fmaf(p.w, sx, cf[r][2]));
             }
@@ -344,7 +347,7 @@ int g_ring_mode = ring_mode_from_env();
 int g_ring_formats = env_or("SALA_CUDA_QGEMV_RING_FORMATS", 3);  // bit 0 int4, bit 1 fp8 / int8
 int g_ring_slots = env_or("SALA_CUDA_QGEMV_RING_SLOTS", -1);  // at most this many chunks in the ring
 int g_ring_pre = env_or("SALA_CUDA_QGEMV_RING_PRE", -1);      // chunks requested before the dependency wait
-int g_ring_pair = env_or("SALA_CUDA_QGEMV_RING_PAIR", 1);     // 0: int4 flushes per tile in any group
+int g_ring_pair = env_or("SALA_CUDA_QGEMV_RING_PAIR", 1);     // 0: grouped weights flush per tile
 // Defaults from the H100 4K batch-1 step (bench/results/2026-11-27-h100-ring-gemv.md): int4 4 chunks
 // before the wait (0: 2.77, 2: 2.58–2.62, 4: 2.53, 8: 2.59 ms/step for g128, f32 parameters then);
 // with f16 parameters (2026-11-27-h100-f16-group-params.md) 8 slots of 18 KB in one CTA per SM
@@ -404,6 +407,8 @@ void launch_ring(const RingArgs& a, bool pdl, cudaStream_t st) {
       return launch_ring_f<kQ4, ACT>(a, pdl, st);
     case kFP8: return launch_ring_f<kFP8, ACT>(a, pdl, st);
     case kQ8:
+      if (w.group != w.in && w.group >= 2 * tile_k(kQ8) && g_ring_pair)  // the pair's 64 columns in one group
+        return launch_ring_f<kQ8G, ACT, false, true>(a, pdl, st);
       if (w.group != w.in) return launch_ring_f<kQ8G, ACT>(a, pdl, st);
       if (symmetric_q8(a.set)) return launch_ring_f<kQ8S, ACT>(a, pdl, st);
       return launch_ring_f<kQ8, ACT>(a, pdl, st);
