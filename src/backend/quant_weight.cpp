@@ -43,15 +43,16 @@ void QuantMatrixView::validate(const std::string& name) const {
   } else {
     SALA_CHECK(biases.size() == np, "{}: {} biases hold {} values, expected {}", name, f, biases.size(), np);
   }
-  for (size_t i = 0; i < np; ++i)
-    SALA_CHECK(std::isfinite(scales[i]) && (biases.empty() || std::isfinite(biases[i])),
-               "{}: non-finite scale or bias at row {}, group {}", name, int64_t(i) / groups(), int64_t(i) % groups());
-  if (group < cols)  // held as f16 (quant_layout.h)
-    for (size_t i = 0; i < np; ++i)
-      SALA_CHECK(std::isfinite(qlayout::group_param(scales[i])) && std::isfinite(qlayout::group_param(biases[i])),
-                 "{}: scale {} or bias {} at row {}, group {} is beyond f16's range (grouped weights hold their "
-                 "parameters in f16)",
-                 name, scales[i], biases[i], int64_t(i) / groups(), int64_t(i) % groups());
+  const bool f16 = group < cols;  // grouped weights hold their parameters in f16 (quant_layout.h)
+  for (size_t i = 0; i < np; ++i) {
+    const float s = scales[i], b = biases.empty() ? 0.f : biases[i];
+    SALA_CHECK(std::isfinite(s) && std::isfinite(b), "{}: non-finite scale or bias at row {}, group {}", name,
+               int64_t(i) / groups(), int64_t(i) % groups());
+    SALA_CHECK(!f16 || (std::isfinite(qlayout::group_param(s)) && std::isfinite(qlayout::group_param(b))),
+               "{}: scale {} or bias {} at row {}, group {} is beyond f16's range (grouped weights hold their "
+               "parameters in f16)",
+               name, s, b, int64_t(i) / groups(), int64_t(i) % groups());
+  }
 }
 
 Weight Backend::random_quantized_weight(WeightFormat format, int64_t rows, int64_t cols, int64_t group, float std,

@@ -868,7 +868,6 @@ struct QArgs {
   size_t split_ws_floats = 0;
 };
 
-// Whether every part of a launch is symmetric int8 (QWeight::sym): then it decodes as kQ8S.
 // Shared memory per CTA (static and dynamic) without an opt-in attribute.
 constexpr size_t kDefaultSmemLimit = 48 << 10;
 // PA: the largest code block a CTA copies whole before its dependency wait (two CTAs per SM).

@@ -25,13 +25,11 @@
 // would compete with the small kernels before this one for memory) — and each of 16 consumer
 // warps takes 2 tiles of every chunk, then frees it on its "empty" mbarrier. x is staged as f16
 // (·2⁻⁴) and the mma runs in f16: int4 codes are made f16 where they lie (1024 + q, 1024 + 16·q:
-// 5 instructions per 8 codes against the register GEMV's 7) and flushed per tile (groups of 128 and
-// more: per warp's pair of tiles, one group — half the parameter work; products alone 1–4% faster;
-// grouped int8 likewise in groups of ≥ 64)
-// with the offsets folded into the group's scale and bias, Σx of each tile computed once per CTA
-// instead of by a second mma per step; fp8 and int8 take the register GEMV's exact f16 decodes
-// (decode_a_f16) and the row's scale (and bias·Σx) at the unit's end, grouped int8 flushed per
-// tile like int4.
+// 5 instructions per 8 codes against the register GEMV's 7) and flushed per tile with the offsets
+// folded into the group's scale and bias — per warp's pair of tiles where both lie in one group
+// (PAIR: half the parameter work; products alone 1–4% faster) — Σx of each tile computed once per
+// CTA instead of by a second mma per step; fp8 and int8 take the register GEMV's exact f16 decodes
+// (decode_a_f16) and the row's scale (and bias·Σx) at the unit's end, grouped int8 flushed like int4.
 // At a unit's end the warps' sums meet in shared memory (double-buffered: one barrier per unit).
 // Bit for bit the same sums for a part whether launched alone, grouped, or fused with silu·mul;
 // not bit for bit the register GEMV (another summation order; int4's offset 1024 costs ~10 bits
@@ -401,15 +399,14 @@ void launch_ring_f(RingArgs a, bool pdl, cudaStream_t st) {
 template <bool ACT>
 void launch_ring(const RingArgs& a, bool pdl, cudaStream_t st) {
   const QWeight& w = a.set.part[0].w;
+  // A consumer warp's tiles of a chunk (int4 128 columns, int8 64) in one group: one flush (PAIR).
+  const bool pair = g_ring_pair && w.group != w.in && w.group >= kWarpTiles * tile_k(w.fmt);
   switch (w.fmt) {
-    case kQ4:  // a warp's two tiles (128 columns) in one group: one flush for the pair
-      if (w.group >= 2 * tile_k(kQ4) && g_ring_pair) return launch_ring_f<kQ4, ACT, false, true>(a, pdl, st);
-      return launch_ring_f<kQ4, ACT>(a, pdl, st);
+    case kQ4: return pair ? launch_ring_f<kQ4, ACT, false, true>(a, pdl, st) : launch_ring_f<kQ4, ACT>(a, pdl, st);
     case kFP8: return launch_ring_f<kFP8, ACT>(a, pdl, st);
     case kQ8:
-      if (w.group != w.in && w.group >= 2 * tile_k(kQ8) && g_ring_pair)  // the pair's 64 columns in one group
-        return launch_ring_f<kQ8G, ACT, false, true>(a, pdl, st);
-      if (w.group != w.in) return launch_ring_f<kQ8G, ACT>(a, pdl, st);
+      if (w.group != w.in)
+        return pair ? launch_ring_f<kQ8G, ACT, false, true>(a, pdl, st) : launch_ring_f<kQ8G, ACT>(a, pdl, st);
       if (symmetric_q8(a.set)) return launch_ring_f<kQ8S, ACT>(a, pdl, st);
       return launch_ring_f<kQ8, ACT>(a, pdl, st);
     default: SALA_CUDA_REQUIRE(false, "qgemv ring: unknown packed format");
