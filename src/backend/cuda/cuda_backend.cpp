@@ -508,16 +508,19 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
   // Split small item counts (decode) along their key chunks so the grid fills the GPU.
   int64_t partial_slots = 0;
   if (!items.empty()) {
-    // One CTA (4 warps, two 32-key tiles in flight each) per SM saturates HBM; ask for two, with at
-    // least 2 chunks per warp and at most 64 splits per unit (attention.cu kMaxSplit).
-    // Batch-invariant: the split count from the unit's own keys alone (≥ 8 chunks per split).
+    // Ask for two CTAs per SM, with at least one 32-key chunk per warp (4 per split) and at most 64
+    // splits per unit (attention.cu kMaxSplit): an SM takes in a few tens of GB/s, so a short
+    // context's K/V arrive sooner spread over more SMs (4K batch 1: 32 CTAs reading 128 KB each
+    // waited ~6 µs for their tiles; 64 CTAs, int4 g128 + lm_head −0.03 ms per step together with
+    // attention.cu's late trigger, bench/results/2026-11-27-h100-attention-split.md).
+    // Batch-invariant: the split count from the unit's own keys alone (≥ 4 chunks per split).
     const int64_t target = int64_t(props_.multiProcessorCount) * 2;
     const int64_t units = int64_t(items.size());
     if (units < target || batch_invariant_) {
       std::vector<cuda::AttnItem> split;
       for (const auto& u : items) {
         const int64_t fill = batch_invariant_ ? 64 : (target + units - 1) / units;
-        int ns = int(std::min<int64_t>({fill, std::max<int64_t>(1, u.nchunks / 8), 64}));
+        int ns = int(std::min<int64_t>({fill, std::max<int64_t>(1, u.nchunks / 4), 64}));
         ns = std::max(ns, 1);
         if (ns == 1) {
           split.push_back(u);
