@@ -12,7 +12,9 @@
 // All fast paths move 16 bytes per thread access; mixed-dtype cases use a generic scalar path.
 // Measured (H200, 2026-11-22, vs 4.22 TB/s copy): silu_mul 512×16384 15.3 µs (78%); rmsnorm
 // 2048×4096 8.3 µs (96%); decode-sized calls (1 row) 3.5-5 µs: launch latency, not bandwidth.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/head_norm.cuh"
@@ -410,6 +412,32 @@ void launch_rmsnorm(const void* x, Dt dtx, const void* w, Dt dtw, void* y, Dt dt
   SALA_CUDA_LAUNCH("rmsnorm kernel");
 }
 
+namespace {
+
+// Dynamic shared memory for a one-row norm launch (decode, batch 1) that it does not use: enough that
+// no product CTA fits on its SM beside it, so that its few loads do not queue behind a product
+// CTA's weight copies on the same SM (an SM draws a few tens of GB/s). H100, 4K batch 1, both
+// norms: fp8 / int8 + lm_head −0.02 to −0.04 ms per step, int4 and bf16 within noise
+// (bench/results/2026-11-27-h100-attention-split.md, run 16). 0 where the device cannot grant it.
+size_t solo_smem(const void* kernel, int64_t rows) {
+  constexpr int kSolo = 150 * 1024;
+  if (rows != 1) return 0;
+  static const bool device_ok = [] {
+    int dev = 0, optin = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    return optin >= kSolo;
+  }();
+  static std::vector<const void*> granted;  // kernels whose attribute is set
+  if (!device_ok) return 0;
+  if (std::find(granted.begin(), granted.end(), kernel) == granted.end()) {
+    SALA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSolo));
+    granted.push_back(kernel);
+  }
+  return kSolo;
+}
+}  // namespace
+
 bool launch_add_rmsnorm(void* h, const void* a, float alpha, const void* w, void* y, Dt dt, int64_t rows, int64_t cols,
                         float eps, cudaStream_t st) {
   const bool ok = dt == kBF16 && cols % 8 == 0 && cols >= 1024 && cols <= 8 * 256 * 8 && aligned16(h) &&
@@ -418,7 +446,8 @@ bool launch_add_rmsnorm(void* h, const void* a, float alpha, const void* w, void
   if (bench_skips(kSkipAddNorm, rows)) return true;
   const int ppt = int((cols / 8 + 255) / 256);
   auto go = [&](auto kernel) {
-    launch_pdl(g_small_pdl, kernel, dim3(unsigned(rows)), dim3(256), 0, st, static_cast<bf16*>(h),
+    const size_t smem = solo_smem(reinterpret_cast<const void*>(kernel), rows);
+    launch_pdl(g_small_pdl, kernel, dim3(unsigned(rows)), dim3(256), smem, st, static_cast<bf16*>(h),
                static_cast<const bf16*>(a), alpha, static_cast<const bf16*>(w), static_cast<bf16*>(y), int(cols), eps);
   };
   if (ppt <= 1) go(add_rmsnorm_bf16_wide<1>);
@@ -452,7 +481,8 @@ bool launch_rmsnorm_gate(const void* x, const void* w, const void* z, void* y, i
   if (bench_skips(kSkipGateNorm, rows)) return true;
   const int ppt = int((cols / 8 + 255) / 256);
   auto go = [&](auto kernel) {
-    launch_pdl(g_small_pdl, kernel, dim3(unsigned(rows)), dim3(256), 0, st, static_cast<const bf16*>(x),
+    const size_t smem = solo_smem(reinterpret_cast<const void*>(kernel), rows);
+    launch_pdl(g_small_pdl, kernel, dim3(unsigned(rows)), dim3(256), smem, st, static_cast<const bf16*>(x),
                static_cast<const bf16*>(w), static_cast<const bf16*>(z), static_cast<bf16*>(y), int(cols), eps);
   };
   if (ppt <= 1) go(rmsnorm_gate_bf16_wide<1>);
