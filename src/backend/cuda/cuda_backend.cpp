@@ -522,6 +522,13 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
         const int64_t fill = batch_invariant_ ? 64 : (target + units - 1) / units;
         int ns = int(std::min<int64_t>({fill, std::max<int64_t>(1, u.nchunks / 4), 64}));
         ns = std::max(ns, 1);
+        // No empty split. Batched decode at 4K took int4 +0.05 ms of device time per step with the 4
+        // chunks per split above (runs 21–23 of bench/results/2026-11-27-h100-attention-split.md):
+        // at batch 8 (fill 17, 128 chunks) a 17th, empty split per unit made 272 CTAs of one per SM,
+        // a third wave. This gives the 16 splits of before there (batch 1 is unchanged); its effect
+        // on the step is not measured yet.
+        const int64_t cps = std::max<int64_t>(1, (u.nchunks + ns - 1) / ns);  // chunks per split (attention.cu)
+        ns = int(std::max<int64_t>(1, (u.nchunks + cps - 1) / cps));
         if (ns == 1) {
           split.push_back(u);
           continue;
