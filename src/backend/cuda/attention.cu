@@ -24,6 +24,7 @@
 #include <cmath>
 
 #include "backend/cuda/attn_common.cuh"
+#include "backend/decode_splits.h"
 
 namespace sala::cuda {
 
@@ -31,7 +32,7 @@ namespace {
 
 constexpr int kWarps = 4;
 
-constexpr int kMaxSplit = 64;  // the host never splits a unit further
+constexpr int kMaxSplit = kMaxDecodeSplits;  // the host never splits a unit further (decode_splits.h)
 
 // out[i] = v, times sigmoid(gate[i]) when the gate is fused in (SparseArgs::gate): the rounding of
 // sigmoid_mul applied to the stored output — the same bits as the separate launch it replaces.

@@ -11,6 +11,7 @@
 
 #include "backend/cpu/sparse_select.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/decode_splits.h"
 #include "core/error.h"
 
 namespace sala {
@@ -508,27 +509,19 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
   // Split small item counts (decode) along their key chunks so the grid fills the GPU.
   int64_t partial_slots = 0;
   if (!items.empty()) {
-    // Ask for two CTAs per SM, with at least one 32-key chunk per warp (4 per split) and at most 64
-    // splits per unit (attention.cu kMaxSplit): an SM takes in a few tens of GB/s, so a short
-    // context's K/V arrive sooner spread over more SMs (4K batch 1: 32 CTAs reading 128 KB each
-    // waited ~6 µs for their tiles; 64 CTAs, int4 g128 + lm_head −0.03 ms per step together with
-    // attention.cu's late trigger, bench/results/2026-11-27-h100-attention-split.md).
-    // Batch-invariant: the split count from the unit's own keys alone (≥ 4 chunks per split).
+    // Ask for two CTAs per SM (decode_splits.h: at least 4 chunks per split, at most 64, none
+    // empty). 4K batch 1: 32 CTAs reading 128 KB each waited ~6 µs for their tiles; 64 CTAs, int4
+    // g128 + lm_head −0.03 ms per step together with attention.cu's late trigger; batch 8: an empty
+    // 17th split per unit had cost int4 +0.05 ms of device time per step, a third wave of one-per-SM
+    // CTAs (bench/results/2026-11-27-h100-attention-split.md; that fix not yet measured).
+    // Batch-invariant: the split count from the unit's own keys alone.
     const int64_t target = int64_t(props_.multiProcessorCount) * 2;
     const int64_t units = int64_t(items.size());
     if (units < target || batch_invariant_) {
       std::vector<cuda::AttnItem> split;
       for (const auto& u : items) {
-        const int64_t fill = batch_invariant_ ? 64 : (target + units - 1) / units;
-        int ns = int(std::min<int64_t>({fill, std::max<int64_t>(1, u.nchunks / 4), 64}));
-        ns = std::max(ns, 1);
-        // No empty split. Batched decode at 4K took int4 +0.05 ms of device time per step with the 4
-        // chunks per split above (runs 21–23 of bench/results/2026-11-27-h100-attention-split.md):
-        // at batch 8 (fill 17, 128 chunks) a 17th, empty split per unit made 272 CTAs of one per SM,
-        // a third wave. This gives the 16 splits of before there (batch 1 is unchanged); its effect
-        // on the step is not measured yet.
-        const int64_t cps = std::max<int64_t>(1, (u.nchunks + ns - 1) / ns);  // chunks per split (attention.cu)
-        ns = int(std::max<int64_t>(1, (u.nchunks + cps - 1) / cps));
+        const int64_t fill = batch_invariant_ ? kMaxDecodeSplits : (target + units - 1) / units;
+        const int ns = decode_attention_splits(u.nchunks, fill);
         if (ns == 1) {
           split.push_back(u);
           continue;
