@@ -32,8 +32,6 @@ namespace {
 
 constexpr int kWarps = 4;
 
-constexpr int kMaxSplit = kMaxDecodeSplits;  // the host never splits a unit further (decode_splits.h)
-
 // out[i] = v, times sigmoid(gate[i]) when the gate is fused in (SparseArgs::gate): the rounding of
 // sigmoid_mul applied to the stored output — the same bits as the separate launch it replaces.
 __device__ __forceinline__ void store_out(const SparseArgs& a, int64_t i, float v) {
@@ -369,7 +367,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(SparseArgs a) 
   launch_dependents();  // the next kernel may start loading its weights (common.cuh)
   constexpr int Q = D / 4;                    // float4 per row
   constexpr int SG = kCombineThreads / Q;     // split groups
-  __shared__ float w[kMaxSplit];
+  __shared__ float w[kMaxDecodeSplits];
   __shared__ float red[kCombineThreads / 32];
   __shared__ float4 acc[SG][Q];
   const AttnItem it = a.items[a.combine_items[blockIdx.x]];  // batch metadata: before the wait
@@ -384,7 +382,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(SparseArgs a) 
   const float ms = tid < ns ? a.partial_ml[((part + tid) * 16 + r) * 2] : -INFINITY;
   const float ls = tid < ns ? a.partial_ml[((part + tid) * 16 + r) * 2 + 1] : 0.f;
   const int q = tid % Q, sg = tid / Q;
-  constexpr int kPer = (kMaxSplit + SG - 1) / SG;  // splits per thread
+  constexpr int kPer = (kMaxDecodeSplits + SG - 1) / SG;  // splits per thread
   float4 v[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {

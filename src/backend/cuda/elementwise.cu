@@ -12,9 +12,8 @@
 // All fast paths move 16 bytes per thread access; mixed-dtype cases use a generic scalar path.
 // Measured (H200, 2026-11-22, vs 4.22 TB/s copy): silu_mul 512×16384 15.3 µs (78%); rmsnorm
 // 2048×4096 8.3 µs (96%); decode-sized calls (1 row) 3.5-5 µs: launch latency, not bandwidth.
-#include <algorithm>
 #include <cmath>
-#include <vector>
+#include <initializer_list>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/head_norm.cuh"
@@ -418,23 +417,20 @@ namespace {
 // no product CTA fits on its SM beside it, so that its few loads do not queue behind a product
 // CTA's weight copies on the same SM (an SM draws a few tens of GB/s). H100, 4K batch 1, both
 // norms: fp8 / int8 + lm_head −0.02 to −0.04 ms per step, int4 and bf16 within noise
-// (bench/results/2026-11-27-h100-attention-split.md, run 16). 0 where the device cannot grant it.
-size_t solo_smem(const void* kernel, int64_t rows) {
-  constexpr int kSolo = 150 * 1024;
-  if (rows != 1) return 0;
-  static const bool device_ok = [] {
-    int dev = 0, optin = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    return optin >= kSolo;
-  }();
-  static std::vector<const void*> granted;  // kernels whose attribute is set
-  if (!device_ok) return 0;
-  if (std::find(granted.begin(), granted.end(), kernel) == granted.end()) {
-    SALA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSolo));
-    granted.push_back(kernel);
-  }
-  return kSolo;
+// (bench/results/2026-11-27-h100-attention-split.md, run 16).
+constexpr int kSoloSmem = 150 * 1024;
+
+// kSoloSmem with every listed kernel's attribute raised to it (call once), or 0 where the device
+// cannot grant that much.
+template <typename... Kernel>
+size_t solo_smem_for(Kernel... kernels) {
+  int dev = 0, optin = 0;
+  SALA_CUDA_CHECK(cudaGetDevice(&dev));
+  SALA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (optin < kSoloSmem) return 0;
+  for (const void* k : {reinterpret_cast<const void*>(kernels)...})
+    SALA_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSoloSmem));
+  return kSoloSmem;
 }
 }  // namespace
 
@@ -445,8 +441,10 @@ bool launch_add_rmsnorm(void* h, const void* a, float alpha, const void* w, void
   if (!ok || rows <= 0) return false;
   if (bench_skips(kSkipAddNorm, rows)) return true;
   const int ppt = int((cols / 8 + 255) / 256);
+  static const size_t solo = solo_smem_for(add_rmsnorm_bf16_wide<1>, add_rmsnorm_bf16_wide<2>,
+                                           add_rmsnorm_bf16_wide<4>, add_rmsnorm_bf16_wide<8>);
+  const size_t smem = rows == 1 ? solo : 0;
   auto go = [&](auto kernel) {
-    const size_t smem = solo_smem(reinterpret_cast<const void*>(kernel), rows);
     launch_pdl(g_small_pdl, kernel, dim3(unsigned(rows)), dim3(256), smem, st, static_cast<bf16*>(h),
                static_cast<const bf16*>(a), alpha, static_cast<const bf16*>(w), static_cast<bf16*>(y), int(cols), eps);
   };
@@ -480,8 +478,10 @@ bool launch_rmsnorm_gate(const void* x, const void* w, const void* z, void* y, i
   if (!ok || rows <= 0) return false;
   if (bench_skips(kSkipGateNorm, rows)) return true;
   const int ppt = int((cols / 8 + 255) / 256);
+  static const size_t solo = solo_smem_for(rmsnorm_gate_bf16_wide<1>, rmsnorm_gate_bf16_wide<2>,
+                                           rmsnorm_gate_bf16_wide<4>, rmsnorm_gate_bf16_wide<8>);
+  const size_t smem = rows == 1 ? solo : 0;
   auto go = [&](auto kernel) {
-    const size_t smem = solo_smem(reinterpret_cast<const void*>(kernel), rows);
     launch_pdl(g_small_pdl, kernel, dim3(unsigned(rows)), dim3(256), smem, st, static_cast<const bf16*>(x),
                static_cast<const bf16*>(w), static_cast<const bf16*>(z), static_cast<bf16*>(y), int(cols), eps);
   };
