@@ -9,12 +9,14 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "cli/bench_ceilings.h"
 #include "cli/bench_timing.h"
 #include "cli/random_model.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/memory.h"
+#include "engine/roofline.h"
 
 namespace sala::cli {
 
@@ -76,6 +78,7 @@ struct Row {
   const FormatSpec* format;
   int64_t context;
   double weights_bytes = 0;
+  double bytes_per_step = 0;  // what one decode step must move (engine/roofline.h): the SoL's numerator
   std::vector<double> prefill_tok_s, ms, gpu_ms;  // per round; prefill: the tokens since the previous context
 };
 
@@ -96,6 +99,8 @@ int run_format_comparison(Backend& backend, const CompareOptions& o) {
   std::string dense(dtype_name(backend.act_dtype()));  // what a dense model holds here: "bf16" (CUDA), "f32" (CPU)
   std::transform(dense.begin(), dense.end(), dense.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
   const int64_t max_ctx = o.contexts.back() + int64_t(o.contexts.size()) * (o.steps + 2) + 1;
+  // The speed of light of each row: its bytes per step at this machine's measured bandwidth.
+  const double bandwidth = measure_bandwidth(backend, backend.name() != "cpu");
   for (int round = 0; round < o.rounds; ++round) {
     for (size_t fi = 0; fi < o.formats.size(); ++fi) {
       const FormatSpec& f = o.formats[fi];
@@ -120,6 +125,8 @@ int run_format_comparison(Backend& backend, const CompareOptions& o) {
         const DecodeTiming d = time_decode_steps(e, backend, seq, o.steps, token);
         Row& r = rows[fi * o.contexts.size() + ci];
         r.weights_bytes = weight_bytes(m.model->weights());
+        r.bytes_per_step = decode_cost(m.config, o.contexts[ci], weight_bytes_per_param(m.config, m.model->weights()))
+                               .bytes_per_step(1);
         r.prefill_tok_s.push_back(prefill_s > 0 ? double(o.contexts[ci] - start) / prefill_s : 0);
         r.ms.push_back(d.step_s * 1e3);
         r.gpu_ms.push_back(d.gpu_ms);
@@ -138,8 +145,11 @@ int run_format_comparison(Backend& backend, const CompareOptions& o) {
               backend.device_name().c_str(), backend.name().c_str(), o.preset.c_str(), (long long)o.chunk, o.rounds,
               o.steps);
   const std::string x = "× " + ref;
-  std::printf("%-36s %11s %8s %12s %8s  %-24s %9s %8s %9s %8s\n", "format", "weights MiB", "context", "prefill t/s",
-              x.c_str(), "ms/step per round", "median", "gpu ms", "tok/s", x.c_str());
+  std::printf("speed of light (SoL): the step's bytes (weights as packed, states, K/V) at %.0f GB/s, an elementwise "
+              "read + write measured in this run\n",
+              bandwidth / 1e9);
+  std::printf("%-36s %11s %8s %12s %8s  %-24s %9s %8s %9s %8s %8s %6s\n", "format", "weights MiB", "context",
+              "prefill t/s", x.c_str(), "ms/step per round", "median", "gpu ms", "tok/s", x.c_str(), "SoL ms", "%SoL");
   nlohmann::json out = nlohmann::json::array();
   for (const Row& r : rows) {
     const Row& base = rows[size_t(&r - rows.data()) % o.contexts.size()];  // the first format, same context
@@ -148,19 +158,23 @@ int run_format_comparison(Backend& backend, const CompareOptions& o) {
     const double pf_ratio = pf_base > 0 ? pf / pf_base : 0;
     std::string per;
     for (double v : r.ms) per += fmt::format("{:.3f} ", v);
-    std::printf("%-36s %11.1f %8lld %12.0f %7.3fx  %-24s %9.3f %8s %9.1f %7.3fx\n", r.format->label(dense).c_str(),
-                r.weights_bytes / double(1 << 20), (long long)r.context, pf, pf_ratio, per.c_str(), ms,
-                gpu > 0 ? fmt::format("{:.3f}", gpu).c_str() : "-", 1e3 / ms, ratio);
+    const double sol_ms = r.bytes_per_step / bandwidth * 1e3;
+    std::printf("%-36s %11.1f %8lld %12.0f %7.3fx  %-24s %9.3f %8s %9.1f %7.3fx %8.3f %5.1f%%\n",
+                r.format->label(dense).c_str(), r.weights_bytes / double(1 << 20), (long long)r.context, pf, pf_ratio,
+                per.c_str(), ms, gpu > 0 ? fmt::format("{:.3f}", gpu).c_str() : "-", 1e3 / ms, ratio, sol_ms,
+                100.0 * sol_ms / ms);
     out.push_back({{"format", r.format->text}, {"label", r.format->label(dense)}, {"context", r.context},
                    {"weights_bytes", r.weights_bytes}, {"prefill_tok_s_rounds", r.prefill_tok_s},
                    {"prefill_tok_s", pf}, {"prefill_vs_first", pf_ratio}, {"ms_per_step_rounds", r.ms},
-                   {"ms_per_step", ms}, {"gpu_ms_per_step", gpu}, {"decode_tok_s", 1e3 / ms}, {"speedup_vs_first", ratio}});
+                   {"ms_per_step", ms}, {"gpu_ms_per_step", gpu}, {"decode_tok_s", 1e3 / ms}, {"speedup_vs_first", ratio},
+                   {"bytes_per_step", r.bytes_per_step}, {"sol_ms_per_step", sol_ms}, {"pct_sol", 100.0 * sol_ms / ms}});
   }
   if (!o.json.empty()) {
     std::ofstream f(o.json);
     SALA_CHECK(f, "bench --compare: cannot write '{}'", o.json);
     f << nlohmann::json{{"preset", o.preset}, {"backend", backend.name()}, {"device", backend.device_name()},
                         {"rounds", o.rounds}, {"decode_steps", o.steps}, {"chunk", o.chunk}, {"reference", ref},
+                        {"bandwidth_bytes_s", bandwidth},
                         {"rows", out}}
              .dump(2)
       << "\n";

@@ -12,6 +12,7 @@
 #include <random>
 #include <utility>
 
+#include "cli/bench_ceilings.h"
 #include "cli/bench_compare.h"
 #include "cli/bench_serve.h"
 #include "cli/bench_speculative.h"
@@ -32,47 +33,6 @@
 
 namespace sala::cli {
 namespace {
-
-struct Ceilings {
-  double bandwidth = 0;  // bytes/s, read + write of a large elementwise op
-  double matmul = 0;     // FLOP/s of a large square matmul in the backend's activation dtype
-};
-
-// Measures both ceilings with the backend's own ops: a big elementwise scale (reads and writes
-// every byte once) and a big matmul. Median of several timed runs after a warm-up.
-Ceilings measure_ceilings(Backend& b, bool big) {
-  Ceilings c;
-  const DType act = b.act_dtype();
-  const int64_t rows = big ? 32768 : 2048, cols = 8192;  // 512 MiB (bf16) on GPUs
-  auto x = b.alloc(size_t(rows * cols) * dtype_size(act)), y = b.alloc(size_t(rows * cols) * dtype_size(act));
-  Mat mx = x->mat(act, rows, cols), my = y->mat(act, rows, cols);
-  std::vector<float> host(static_cast<size_t>(cols));
-  for (size_t i = 0; i < host.size(); ++i) host[i] = float(i % 7) * 0.1f + 0.05f;
-  for (int64_t r = 0; r < rows; r += 1) b.upload(mx.slice_rows(r, 1), host.data());
-  std::vector<double> t;
-  for (int i = 0; i < 8; ++i) {
-    b.synchronize();
-    auto t0 = BenchClock::now();
-    b.scale(mx, 1.0f, my);
-    b.synchronize();
-    if (i >= 2) t.push_back(seconds_since(t0));
-  }
-  c.bandwidth = 2.0 * double(mx.nbytes()) / median(t);
-
-  const int64_t n = big ? 8192 : 1024;
-  Weight w = b.random_weight(n, n, 0.0f, 0.02f, 99);
-  Mat a = mx.reshape(rows * cols / n, n).slice_rows(0, n), out = my.reshape(rows * cols / n, n).slice_rows(0, n);
-  t.clear();
-  for (int i = 0; i < 6; ++i) {
-    b.synchronize();
-    auto t0 = BenchClock::now();
-    b.matmul(a, w, out);
-    b.synchronize();
-    if (i >= 2) t.push_back(seconds_since(t0));
-  }
-  c.matmul = 2.0 * double(n) * n * n / median(t);
-  return c;
-}
 
 double mib(double bytes) { return bytes / double(1 << 20); }
 

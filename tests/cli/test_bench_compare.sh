@@ -11,7 +11,9 @@ for label in "f32 " "fp8 + lm_head " "int8 g32 " "int4 g32 + lm_head, W8A8 prefi
   [ "$(grep -c "^$label" "$tmp/out")" = 2 ] || fail "bench --compare: not two rows (contexts 96, 192) of '$label': $(cat "$tmp/out")"
 done
 grep -q "× f32" "$tmp/out" || fail "bench --compare: no × column named after the first format"
-[ "$(grep -c '^f32 .* 1\.000x .* 1\.000x$' "$tmp/out")" = 2 ] || fail "bench --compare: the reference rows are not 1.000x"
+[ "$(grep -c '^f32 .* 1\.000x .* 1\.000x  *[0-9.][0-9.]*  *[0-9.][0-9.]*%$' "$tmp/out")" = 2 ] ||
+  fail "bench --compare: the reference rows are not 1.000x (then SoL ms, %SoL): $(cat "$tmp/out")"
+grep -q "^speed of light (SoL): .* at [0-9]* GB/s" "$tmp/out" || fail "bench --compare: no speed-of-light line: $(cat "$tmp/out")"
 # W8A8 for the int4 row only: the note when its model loads (prompt chunks of 96 rows take it).
 [ "$(grep -c "int8 prefill: on" "$tmp/err")" = 2 ] || fail "bench --compare: +w8a8 not applied once per round"
 # Interleaved: the last format's round 1 comes before the first format's round 2.
@@ -35,6 +37,16 @@ for r in rows:
     assert abs(r["prefill_vs_first"] - r["prefill_tok_s"] / base["prefill_tok_s"]) < 1e-9, r
 # Packed weights hold fewer bytes than the dense f32 model's.
 assert rows[6]["weights_bytes"] < rows[2]["weights_bytes"] < rows[0]["weights_bytes"], rows
+# The speed of light: each row's bytes per step at the bandwidth measured in the run; fewer bytes
+# for packed weights, more for the longer context (its K/V), the same for one format's rounds.
+bw = d["bandwidth_bytes_s"]
+assert bw > 1e8, d
+for r in rows:
+    assert r["bytes_per_step"] > 0, r
+    assert abs(r["sol_ms_per_step"] - r["bytes_per_step"] / bw * 1e3) < 1e-9 * r["sol_ms_per_step"] + 1e-12, r
+    assert abs(r["pct_sol"] - 100 * r["sol_ms_per_step"] / r["ms_per_step"]) < 1e-6, r
+assert rows[6]["bytes_per_step"] < rows[2]["bytes_per_step"] < rows[0]["bytes_per_step"], rows
+assert rows[0]["bytes_per_step"] < rows[1]["bytes_per_step"], rows
 PY
 
 # Without --contexts: the targets' context, 4K.
