@@ -513,7 +513,8 @@ void CudaBackend::begin_batch(const BatchInfo& batch) {
     // empty). 4K batch 1: 32 CTAs reading 128 KB each waited ~6 µs for their tiles; 64 CTAs, int4
     // g128 + lm_head −0.03 ms per step together with attention.cu's late trigger; batch 8: an empty
     // 17th split per unit had cost int4 +0.05 ms of device time per step, a third wave of one-per-SM
-    // CTAs (bench/results/2026-11-27-h100-attention-split.md; that fix not yet measured).
+    // CTAs (bench/results/2026-11-27-h100-attention-split.md); without it, within 0.00–0.06 ms of
+    // the rule before (2026-11-27-h100-decode-bound.md).
     // Batch-invariant: the split count from the unit's own keys alone.
     const int64_t target = int64_t(props_.multiProcessorCount) * 2;
     const int64_t units = int64_t(items.size());
