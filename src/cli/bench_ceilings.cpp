@@ -1,6 +1,7 @@
 #include "cli/bench_ceilings.h"
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "cli/bench_timing.h"
@@ -22,21 +23,28 @@ Mat buffer(Backend& b, std::unique_ptr<Buffer>& buf, int64_t rows, int64_t cols,
   return m;
 }
 
+// Median seconds of `timed` runs of `op` (device work included) after 2 warm-up runs.
+template <typename Op>
+double median_seconds(Backend& b, int timed, Op op) {
+  std::vector<double> t;
+  for (int i = 0; i < 2 + timed; ++i) {
+    b.synchronize();
+    const auto t0 = BenchClock::now();
+    op();
+    b.synchronize();
+    if (i >= 2) t.push_back(seconds_since(t0));
+  }
+  return median(std::move(t));
+}
+
 }  // namespace
 
 double measure_bandwidth(Backend& b, bool big) {
   const int64_t rows = big ? 32768 : 2048, cols = 8192;  // 512 MiB (bf16) on GPUs
   std::unique_ptr<Buffer> x, y;
   Mat mx = buffer(b, x, rows, cols, true), my = buffer(b, y, rows, cols, false);
-  std::vector<double> t;
-  for (int i = 0; i < 8; ++i) {  // a scale reads and writes every byte once
-    b.synchronize();
-    auto t0 = BenchClock::now();
-    b.scale(mx, 1.0f, my);
-    b.synchronize();
-    if (i >= 2) t.push_back(seconds_since(t0));
-  }
-  return 2.0 * double(mx.nbytes()) / median(t);
+  // A scale reads and writes every byte once.
+  return 2.0 * double(mx.nbytes()) / median_seconds(b, 6, [&] { b.scale(mx, 1.0f, my); });
 }
 
 double measure_matmul(Backend& b, bool big) {
@@ -44,15 +52,7 @@ double measure_matmul(Backend& b, bool big) {
   std::unique_ptr<Buffer> x, y;
   Mat a = buffer(b, x, n, n, true), out = buffer(b, y, n, n, false);
   Weight w = b.random_weight(n, n, 0.0f, 0.02f, 99);
-  std::vector<double> t;
-  for (int i = 0; i < 6; ++i) {
-    b.synchronize();
-    auto t0 = BenchClock::now();
-    b.matmul(a, w, out);
-    b.synchronize();
-    if (i >= 2) t.push_back(seconds_since(t0));
-  }
-  return 2.0 * double(n) * n * n / median(t);
+  return 2.0 * double(n) * n * n / median_seconds(b, 4, [&] { b.matmul(a, w, out); });
 }
 
 }  // namespace sala::cli
