@@ -1,8 +1,9 @@
 // CPU backend: packed weights (docs/quantization.md). They stay in the canonical layout of
 // QuantMatrixView (codes row-major, f32 scales/biases per group) and matmul decodes them on the
 // fly: decode (N ≤ kRowDotMax) decodes each output row into a per-thread f32 row and takes N dot
-// products with it; prefill decodes blocks of rows into a bounded f32 tile and hands each tile to
-// sgemm. No dequantized copy of a whole matrix is ever kept.
+// products with it — with AVX2/FMA/F16C where the CPU has them (cpu_packed_rows.cpp), one weight
+// at a time here otherwise; prefill decodes blocks of rows into a bounded f32 tile and hands each
+// tile to sgemm. No dequantized copy of a whole matrix is ever kept.
 //
 // Decoded values equal dequantize_views' within f32 rounding: w = s·q + b is evaluated in double
 // and rounded once, which is exact for the integer formats (b = −z·s with z = 128 or 8 is exact,
@@ -10,11 +11,14 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_dot.h"
+#include "backend/cpu/cpu_packed_rows.h"
 #include "backend/quant_layout.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -107,6 +111,13 @@ Weight CpuBackend::load_quantized_weight(const QuantMatrixView& q, const std::st
   w.scales = sc;
   w.biases = q.biases.empty() ? nullptr : sc + np;
   w.packed_bytes = q.code_bytes() + np * 4 * (q.biases.empty() ? 1 : 2);
+  if (const std::string why = cpu::packed_rows_simd_unfit(w); !why.empty()) {
+    static std::once_flag noted;
+    std::call_once(noted, [&] {
+      std::fprintf(stderr, "note: cpu: %s: packed products decode one weight at a time (%s): expect slower decode\n",
+                   name.c_str(), why.c_str());
+    });
+  }
   return w;
 }
 
@@ -123,6 +134,11 @@ void CpuBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
 #ifndef SALA_HAS_OPENBLAS
   rows_dot = true;  // no sgemm: the per-row loop at every N
 #endif
+  if (rows_dot && cpu::packed_rows_simd_unfit(w).empty()) {
+    const std::vector<float> xp = cpu::packed_rows_x(w, a, x.cols, N);
+    pool_.parallel_for(out, [&](int64_t o0, int64_t o1) { cpu::packed_rows_simd(w, xp.data(), N, c, y.cols, o0, o1); });
+    return;
+  }
   if (rows_dot) {
     pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
       std::vector<float> row(static_cast<size_t>(in));

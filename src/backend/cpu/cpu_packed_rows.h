@@ -1,0 +1,26 @@
+// The CPU backend's decode-sized product of packed weights (N ≤ 8 rows of x, or any N when
+// batch-invariant): each weight row decoded to f32 and dotted with the x rows, with AVX2, FMA and
+// F16C where the CPU has them. The scalar path in cpu_quant_matmul.cpp is what runs otherwise.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace sala::cpu {
+
+// Empty when this CPU and weight take the SIMD rows; otherwise why not (shown once by the caller).
+std::string packed_rows_simd_unfit(const Weight& w);
+
+// The x rows as the SIMD rows read them: int4 columns in blocks of 16, the even ones first (the
+// order a block's 8 code bytes decode in), other formats as they are. x: N rows at stride ldx.
+std::vector<float> packed_rows_x(const Weight& w, const float* x, int64_t ldx, int64_t N);
+
+// y[n·ldy + o] = Σ_j x[n][j]·w[o][j] for the rows [o0, o1) and the N rows of xp (packed_rows_x:
+// rows of w.in() floats). Each row's sum is taken in a fixed order that depends on in alone —
+// the same bits whatever N, the rows or the threads around it. Requires packed_rows_simd_unfit
+// to be empty.
+void packed_rows_simd(const Weight& w, const float* xp, int64_t N, float* y, int64_t ldy, int64_t o0, int64_t o1);
+
+}  // namespace sala::cpu
