@@ -37,6 +37,15 @@ bool cpu_has_simd() {
 
 #define SALA_SIMD __attribute__((target("avx2,fma,f16c")))
 
+// The four chains' 32 partial sums in a fixed tree.
+SALA_SIMD inline float sum_chains(__m256 c0, __m256 c1, __m256 c2, __m256 c3) {
+  const __m256 c = _mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3));
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+  return _mm_cvtss_f32(h);
+}
+
 // Σ a[j]·b[j] in a fixed order: four 8-lane chains over blocks of 32, one over the last blocks of
 // 8, a fixed tree across lanes, then the tail in order.
 SALA_SIMD float dot(const float* a, const float* b, int64_t n) {
@@ -49,11 +58,7 @@ SALA_SIMD float dot(const float* a, const float* b, int64_t n) {
     c3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j + 24), _mm256_loadu_ps(b + j + 24), c3);
   }
   for (; j + 8 <= n; j += 8) c0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), c0);
-  const __m256 c = _mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3));
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-  float s = _mm_cvtss_f32(h);
+  float s = sum_chains(c0, c1, c2, c3);
   for (; j < n; ++j) s = std::fma(a[j], b[j], s);
   return s;
 }
@@ -66,12 +71,9 @@ SALA_SIMD inline __m256i bytes8(const uint8_t* c) {
 // Row o of w as f32 in the order packed_rows_x puts x in.
 SALA_SIMD void decode_row(const Weight& w, int64_t o, float* dst) {
   const int64_t in = w.in(), G = w.group, groups = in / G;
-  const auto* codes = static_cast<const uint8_t*>(w.w.data);
-  const float* sc = static_cast<const float*>(w.scales) + o * groups;
-  const float* bi = w.biases ? static_cast<const float*>(w.biases) + o * groups : nullptr;
+  const auto [c, sc, bi] = packed_row(w, o);
   switch (w.format) {
     case WeightFormat::FP8: {
-      const uint8_t* c = codes + o * in;
       const float s = sc[0];
       const __m256 s256 = _mm256_set1_ps(s * 256.f);  // exact: a power of two
       const __m128i sign = _mm_set1_epi16(0x80), rest = _mm_set1_epi16(0x7f);
@@ -85,7 +87,6 @@ SALA_SIMD void decode_row(const Weight& w, int64_t o, float* dst) {
       return;
     }
     case WeightFormat::Q8: {
-      const uint8_t* c = codes + o * in;
       for (int64_t g = 0; g < groups; ++g) {
         const __m256 s = _mm256_set1_ps(sc[g]), b = _mm256_set1_ps(bi[g]);
         int64_t j = g * G;
@@ -96,7 +97,6 @@ SALA_SIMD void decode_row(const Weight& w, int64_t o, float* dst) {
       return;
     }
     case WeightFormat::Q4: {  // groups of 16k columns: a block of 16 is 8 bytes, evens then odds
-      const uint8_t* c = codes + o * (in / 2);
       const __m256i low = _mm256_set1_epi32(15);
       for (int64_t g = 0; g < groups; ++g) {
         const __m256 s = _mm256_set1_ps(sc[g]), b = _mm256_set1_ps(bi[g]);
@@ -133,9 +133,7 @@ SALA_SIMD inline __m256 weights8(WeightFormat f, const uint8_t* row_codes, int64
 SALA_SIMD float fused_row(const Weight& w, int64_t o, const float* xp) {
   const int64_t in = w.in(), G = w.group, groups = in / G;
   const WeightFormat f = w.format;
-  const auto* codes = static_cast<const uint8_t*>(w.w.data) + o * (f == WeightFormat::Q4 ? in / 2 : in);
-  const float* sc = static_cast<const float*>(w.scales) + o * groups;
-  const float* bi = w.biases ? static_cast<const float*>(w.biases) + o * groups : nullptr;
+  const auto [codes, sc, bi] = packed_row(w, o);
   __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps(), c2 = _mm256_setzero_ps(), c3 = _mm256_setzero_ps();
   __m256 s, b;
   int64_t j = 0;
@@ -151,11 +149,7 @@ SALA_SIMD float fused_row(const Weight& w, int64_t o, const float* xp) {
     s = _mm256_set1_ps(f == WeightFormat::FP8 ? sc[0] * 256.f : sc[0]), b = _mm256_set1_ps(bi ? bi[0] : 0.f);
     c0 = _mm256_fmadd_ps(_mm256_loadu_ps(xp + j), weights8(f, codes, j, s, b), c0);
   }
-  const __m256 c = _mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3));
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-  float sum = _mm_cvtss_f32(h);
+  float sum = sum_chains(c0, c1, c2, c3);
   for (; j < in; ++j) {  // per-row fp8 / int8 only (int4 rows are whole blocks of 16)
     const float v = f == WeightFormat::FP8 ? sc[0] * fp8_e4m3_to_f32(codes[j]) : std::fma(sc[0], float(codes[j]), bi[0]);
     sum = std::fma(xp[j], v, sum);

@@ -10,6 +10,20 @@
 
 namespace sala::cpu {
 
+// Row o of a packed weight in the canonical layout: its codes, and its groups' scales and biases
+// (biases null for fp8).
+struct PackedRow {
+  const uint8_t* codes;
+  const float* scales;
+  const float* biases;
+};
+inline PackedRow packed_row(const Weight& w, int64_t o) {
+  const int64_t in = w.in(), groups = in / w.group;
+  return {static_cast<const uint8_t*>(w.w.data) + o * (w.format == WeightFormat::Q4 ? in / 2 : in),
+          static_cast<const float*>(w.scales) + o * groups,
+          w.biases ? static_cast<const float*>(w.biases) + o * groups : nullptr};
+}
+
 // Empty when this CPU and weight take the SIMD rows; otherwise why not (shown once by the caller).
 std::string packed_rows_simd_unfit(const Weight& w);
 

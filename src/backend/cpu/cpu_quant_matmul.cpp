@@ -54,19 +54,15 @@ float row_scale(const float* x, int64_t n, float qmax) {
 // Row o of a packed weight as f32 values.
 void decode_row(const Weight& w, int64_t o, float* dst) {
   const int64_t in = w.in(), G = w.group, groups = in / G;
-  const auto* codes = static_cast<const uint8_t*>(w.w.data);
-  const float* sc = static_cast<const float*>(w.scales) + o * groups;
-  const float* bi = w.biases ? static_cast<const float*>(w.biases) + o * groups : nullptr;
+  const auto [c, sc, bi] = cpu::packed_row(w, o);
   switch (w.format) {
     case WeightFormat::FP8: {
       const auto& t = fp8_table();
-      const uint8_t* c = codes + o * in;
       const float s = sc[0];
       for (int64_t j = 0; j < in; ++j) dst[j] = s * t[c[j]];
       return;
     }
     case WeightFormat::Q8: {
-      const uint8_t* c = codes + o * in;
       for (int64_t g = 0; g < groups; ++g) {
         const double s = sc[g], b = bi[g];
         for (int64_t j = g * G; j < (g + 1) * G; ++j) dst[j] = float(s * double(c[j]) + b);
@@ -74,7 +70,6 @@ void decode_row(const Weight& w, int64_t o, float* dst) {
       return;
     }
     case WeightFormat::Q4: {
-      const uint8_t* c = codes + o * (in / 2);
       for (int64_t g = 0; g < groups; ++g) {
         const double s = sc[g], b = bi[g];
         for (int64_t j = g * G; j < (g + 1) * G; j += 2) {
