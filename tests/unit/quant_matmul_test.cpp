@@ -295,7 +295,7 @@ TEST(PackedMatmul, SimdRowsMatchDoubleSumsAndAreBatchInvariant) {
     const Weight packed = b.load_quantized_weight(pack_matrix(q).view(), c.f.name);
     ASSERT_EQ(cpu::packed_rows_simd_unfit(packed), "");
     // The weight as the backend holds it (group parameters rounded to f16), read back through the
-    // prefill path's scalar decode: 64 identity rows at a time.
+    // prefill path (decoded tiles through sgemm): 64 identity rows at a time.
     std::vector<float> deq(size_t(c.out * c.in));
     for (int64_t i0 = 0; i0 < c.in; i0 += 64) {
       const int64_t k = std::min<int64_t>(64, c.in - i0), rows = std::max<int64_t>(k, 9);  // ≥ 9: not the SIMD rows

@@ -68,7 +68,9 @@ SALA_SIMD inline __m256i bytes8(const uint8_t* c) {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
 }
 
-// Row o of w as f32 in the order packed_rows_x puts x in.
+// Row o of w as f32: NATURAL in column order, else in the order packed_rows_x puts x in (int4:
+// each block of 16 columns evens then odds).
+template <bool NATURAL>
 SALA_SIMD void decode_row(const Weight& w, int64_t o, float* dst) {
   const int64_t in = w.in(), G = w.group, groups = in / G;
   const auto [c, sc, bi] = packed_row(w, o);
@@ -102,8 +104,16 @@ SALA_SIMD void decode_row(const Weight& w, int64_t o, float* dst) {
         const __m256 s = _mm256_set1_ps(sc[g]), b = _mm256_set1_ps(bi[g]);
         for (int64_t j = g * G; j < (g + 1) * G; j += 16) {
           const __m256i v = bytes8(c + j / 2);
-          _mm256_storeu_ps(dst + j, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_and_si256(v, low)), b));
-          _mm256_storeu_ps(dst + j + 8, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), b));
+          const __m256 even = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_and_si256(v, low)), b);
+          const __m256 odd = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), b);
+          if constexpr (NATURAL) {  // lanes: lo = columns 0–3 | 8–11, hi = 4–7 | 12–15
+            const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
+            _mm256_storeu_ps(dst + j, _mm256_permute2f128_ps(lo, hi, 0x20));
+            _mm256_storeu_ps(dst + j + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+          } else {
+            _mm256_storeu_ps(dst + j, even);
+            _mm256_storeu_ps(dst + j + 8, odd);
+          }
         }
       }
       return;
@@ -159,13 +169,17 @@ SALA_SIMD float fused_row(const Weight& w, int64_t o, const float* xp) {
 
 }  // namespace
 
+bool packed_rows_simd_fits(const Weight& w) {
+  return cpu_has_simd() && w.format != WeightFormat::Dense && (w.format != WeightFormat::Q4 || w.group % 16 == 0);
+}
+
 std::string packed_rows_simd_unfit(const Weight& w) {
   if (!cpu_has_simd())
     return std::getenv("SALA_CPU_PACKED_SIMD") ? "SALA_CPU_PACKED_SIMD=0" : "this CPU lacks AVX2, FMA or F16C";
   if (w.format == WeightFormat::Q4 && w.group % 16 != 0)
     return "int4 groups of " + std::to_string(w.group) + " columns (the SIMD rows take multiples of 16)";
   if (w.format == WeightFormat::Dense) return "not a packed weight";
-  return {};
+  return {};  // packed_rows_simd_fits(w)
 }
 
 std::vector<float> packed_rows_x(const Weight& w, const float* x, int64_t ldx, int64_t N) {
@@ -193,9 +207,11 @@ SALA_SIMD void packed_rows_simd(const Weight& w, const float* xp, int64_t N, flo
   thread_local std::vector<float> row;
   row.resize(size_t(in));
   for (int64_t o = o0; o < o1; ++o) {
-    decode_row(w, o, row.data());
+    decode_row<false>(w, o, row.data());
     for (int64_t n = 0; n < N; ++n) y[n * ldy + o] = dot(xp + n * in, row.data(), in);
   }
 }
+
+SALA_SIMD void packed_row_decode_simd(const Weight& w, int64_t o, float* dst) { decode_row<true>(w, o, dst); }
 
 }  // namespace sala::cpu

@@ -24,7 +24,9 @@ inline PackedRow packed_row(const Weight& w, int64_t o) {
           w.biases ? static_cast<const float*>(w.biases) + o * groups : nullptr};
 }
 
-// Empty when this CPU and weight take the SIMD rows; otherwise why not (shown once by the caller).
+// Whether this CPU and weight take the SIMD rows; if not, packed_rows_simd_unfit says why (the
+// caller shows it once).
+bool packed_rows_simd_fits(const Weight& w);
 std::string packed_rows_simd_unfit(const Weight& w);
 
 // The x rows as the SIMD rows read them: int4 columns in blocks of 16, the even ones first (the
@@ -36,5 +38,9 @@ std::vector<float> packed_rows_x(const Weight& w, const float* x, int64_t ldx, i
 // the same bits whatever N, the rows or the threads around it. Requires packed_rows_simd_unfit
 // to be empty.
 void packed_rows_simd(const Weight& w, const float* xp, int64_t N, float* y, int64_t ldy, int64_t o0, int64_t o1);
+
+// Row o decoded to f32 in its natural column order (the prefill tiles that sgemm multiplies); the
+// same values the SIMD rows multiply. Requires packed_rows_simd_fits.
+void packed_row_decode_simd(const Weight& w, int64_t o, float* dst);
 
 }  // namespace sala::cpu

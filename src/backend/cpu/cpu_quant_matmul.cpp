@@ -1,13 +1,14 @@
 // CPU backend: packed weights (docs/quantization.md). They stay in the canonical layout of
 // QuantMatrixView (codes row-major, f32 scales/biases per group) and matmul decodes them on the
 // fly: decode (N ≤ kRowDotMax) decodes each output row into a per-thread f32 row and takes N dot
-// products with it — with AVX2/FMA/F16C where the CPU has them (cpu_packed_rows.cpp), one weight
-// at a time here otherwise; prefill decodes blocks of rows into a bounded f32 tile and hands each
-// tile to sgemm. No dequantized copy of a whole matrix is ever kept.
+// products with it; prefill decodes blocks of rows into a bounded f32 tile and hands each tile to
+// sgemm. No dequantized copy of a whole matrix is ever kept. Both decode with AVX2/FMA/F16C where
+// the CPU has them (cpu_packed_rows.cpp), one weight at a time here otherwise.
 //
-// Decoded values equal dequantize_views' within f32 rounding: w = s·q + b is evaluated in double
-// and rounded once, which is exact for the integer formats (b = −z·s with z = 128 or 8 is exact,
-// so s·q + b = s·(q − z) exactly) and one rounding for zero points and MLX biases.
+// Decoded values equal dequantize_views' within f32 rounding: here w = s·q + b is evaluated in
+// double and rounded once, which is exact for the integer formats (b = −z·s with z = 128 or 8 is
+// exact, so s·q + b = s·(q − z) exactly) and one rounding for zero points and MLX biases; the
+// SIMD decode's f32 FMA rounds the same exact sum once.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -106,11 +107,11 @@ Weight CpuBackend::load_quantized_weight(const QuantMatrixView& q, const std::st
   w.scales = sc;
   w.biases = q.biases.empty() ? nullptr : sc + np;
   w.packed_bytes = q.code_bytes() + np * 4 * (q.biases.empty() ? 1 : 2);
-  if (const std::string why = cpu::packed_rows_simd_unfit(w); !why.empty()) {
+  if (!cpu::packed_rows_simd_fits(w)) {
     static std::once_flag noted;
     std::call_once(noted, [&] {
       std::fprintf(stderr, "note: cpu: %s: packed products decode one weight at a time (%s): expect slower decode\n",
-                   name.c_str(), why.c_str());
+                   name.c_str(), cpu::packed_rows_simd_unfit(w).c_str());
     });
   }
   return w;
@@ -129,7 +130,8 @@ void CpuBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
 #ifndef SALA_HAS_OPENBLAS
   rows_dot = true;  // no sgemm: the per-row loop at every N
 #endif
-  if (rows_dot && cpu::packed_rows_simd_unfit(w).empty()) {
+  const bool simd = cpu::packed_rows_simd_fits(w);
+  if (rows_dot && simd) {
     const std::vector<float> xp = cpu::packed_rows_x(w, a, x.cols, N);
     pool_.parallel_for(out, [&](int64_t o0, int64_t o1) { cpu::packed_rows_simd(w, xp.data(), N, c, y.cols, o0, o1); });
     return;
@@ -151,7 +153,12 @@ void CpuBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   for (int64_t o0 = 0; o0 < out; o0 += block) {
     const int64_t nb = std::min(block, out - o0);
     pool_.parallel_for(nb, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) decode_row(w, o0 + r, tile.data() + r * in);
+      for (int64_t r = r0; r < r1; ++r) {
+        if (simd)
+          cpu::packed_row_decode_simd(w, o0 + r, tile.data() + r * in);
+        else
+          decode_row(w, o0 + r, tile.data() + r * in);
+      }
     });
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(N), int(nb), int(in), 1.0f, a, int(x.cols), tile.data(),
                 int(in), 0.0f, c + o0, int(y.cols));
