@@ -43,12 +43,13 @@ struct Case {
   bool zero_points;
 };
 
-// copies: the same weight loaded that many times (separate buffers).
-void run_gemv(benchmark::State& st, const std::vector<Weight>& copies) {
+// copies: the same weight loaded that many times (separate buffers); rows: of x (1: decode; more
+// than 8: a prompt chunk, decoded tiles through sgemm).
+void run_gemv(benchmark::State& st, const std::vector<Weight>& copies, int64_t rows = 1) {
   CpuBackend& b = backend();
-  auto xb = b.alloc(size_t(kIn) * 4), yb = b.alloc(size_t(kOut) * 4);
-  Mat x = xb->mat(DType::F32, 1, kIn), y = yb->mat(DType::F32, 1, kOut);
-  std::vector<float> xh(size_t(kIn), 0.01f);
+  auto xb = b.alloc(size_t(rows * kIn) * 4), yb = b.alloc(size_t(rows * kOut) * 4);
+  Mat x = xb->mat(DType::F32, rows, kIn), y = yb->mat(DType::F32, rows, kOut);
+  std::vector<float> xh(size_t(rows * kIn), 0.01f);
   b.upload(x, xh.data());
   size_t i = 0;
   for (auto _ : st) {
@@ -61,13 +62,18 @@ void run_gemv(benchmark::State& st, const std::vector<Weight>& copies) {
   st.counters["weights/s"] = benchmark::Counter(double(kOut * kIn) * double(st.iterations()), benchmark::Counter::kIsRate);
 }
 
-void BM_PackedGemv(benchmark::State& st, Case c) {
+std::vector<Weight> packed_copies(Case c) {
   static const std::vector<float> w = random_weights();
   const PackedMatrix pm = pack_matrix(quantize_matrix(w.data(), kOut, kIn, c.format, c.group, c.zero_points));
   std::vector<Weight> copies(1, backend().load_quantized_weight(pm.view(), "bench"));
   while (copies.size() * copies[0].nbytes() < kSpan) copies.push_back(backend().load_quantized_weight(pm.view(), "bench"));
-  run_gemv(st, copies);
+  return copies;
 }
+
+void BM_PackedGemv(benchmark::State& st, Case c) { run_gemv(st, packed_copies(c)); }
+
+// A 32-row prompt chunk: decoded tiles through sgemm.
+void BM_PackedPrefill32(benchmark::State& st, Case c) { run_gemv(st, packed_copies(c), 32); }
 
 void BM_DenseF32Gemv(benchmark::State& st) {
   static const std::vector<float> w = random_weights();
@@ -99,5 +105,7 @@ BENCHMARK_CAPTURE(BM_PackedGemv, fp8, Case{QuantFormat::FP8, 0, false})->Unit(be
 BENCHMARK_CAPTURE(BM_PackedGemv, int8, Case{QuantFormat::INT8, 0, false})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_PackedGemv, int4_g64, Case{QuantFormat::INT4, 64, true})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_PackedGemv, int4_g128, Case{QuantFormat::INT4, 128, true})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_PackedPrefill32, int8, Case{QuantFormat::INT8, 0, false})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_PackedPrefill32, int4_g128, Case{QuantFormat::INT4, 128, true})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
