@@ -68,6 +68,14 @@ SALA_SIMD inline __m256i bytes8(const uint8_t* c) {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
 }
 
+// 8 e4m3 codes as f32 times 2⁻⁸: each byte sign-extended and shifted into an f16's bits (sign at
+// bit 15, the exponent and mantissa at 13..7; bit 14, a copy of the sign, cleared) — e4m3·2⁻⁸ exactly,
+// subnormals included — then widened.
+SALA_SIMD inline __m256 fp8x8_scaled(const uint8_t* c) {
+  const __m128i v = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
+  return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(v, 7), _mm_set1_epi16(int16_t(0xBF80))));
+}
+
 // Row o of w as f32: NATURAL in column order, else in the order packed_rows_x puts x in (int4:
 // each block of 16 columns evens then odds).
 template <bool NATURAL>
@@ -78,13 +86,8 @@ SALA_SIMD void decode_row(const Weight& w, int64_t o, float* dst) {
     case WeightFormat::FP8: {
       const float s = sc[0];
       const __m256 s256 = _mm256_set1_ps(s * 256.f);  // exact: a power of two
-      const __m128i sign = _mm_set1_epi16(0x80), rest = _mm_set1_epi16(0x7f);
       int64_t j = 0;
-      for (; j + 8 <= in; j += 8) {
-        const __m128i v = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + j)));
-        const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, sign), 8), _mm_slli_epi16(_mm_and_si128(v, rest), 7));
-        _mm256_storeu_ps(dst + j, _mm256_mul_ps(s256, _mm256_cvtph_ps(h)));
-      }
+      for (; j + 8 <= in; j += 8) _mm256_storeu_ps(dst + j, _mm256_mul_ps(s256, fp8x8_scaled(c + j)));
       for (; j < in; ++j) dst[j] = s * fp8_e4m3_to_f32(c[j]);
       return;
     }
@@ -125,12 +128,7 @@ SALA_SIMD void decode_row(const Weight& w, int64_t o, float* dst) {
 // The 8 weights of row o at position j (a multiple of 8, in packed_rows_x's order), decoded
 // exactly as decode_row does; s, b: their group's scale and bias (fp8: s only).
 SALA_SIMD inline __m256 weights8(WeightFormat f, const uint8_t* row_codes, int64_t j, __m256 s, __m256 b) {
-  if (f == WeightFormat::FP8) {
-    const __m128i v = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row_codes + j)));
-    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x80)), 8),
-                                   _mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x7f)), 7));
-    return _mm256_mul_ps(s, _mm256_cvtph_ps(h));
-  }
+  if (f == WeightFormat::FP8) return _mm256_mul_ps(s, fp8x8_scaled(row_codes + j));
   if (f == WeightFormat::Q8) return _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(bytes8(row_codes + j)), b);
   const __m256i v = bytes8(row_codes + (j & ~int64_t(15)) / 2);  // Q4: evens at j % 16 = 0, odds at 8
   const __m256i q = (j & 8) ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(15));
