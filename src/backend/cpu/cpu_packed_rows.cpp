@@ -4,8 +4,8 @@
 //
 // Why (bench/cpu_quant_gemv_bench.cpp, 4096×4096 from DRAM, two threads of an AMD EPYC): the
 // scalar decode (s·q + b in double, one weight at a time) ran int4 at 2.8 G weights/s — no faster
-// than the f32 matrix eight times its size — fp8 at 2.9 and int8 at 4.5; these rows 24, 15 and
-// 24 (5–9×; a 9B int4 decode step 3.2 s → 0.39 s; bench/results/2026-11-27-cpu-packed-rows.md).
+// than the f32 matrix eight times its size — fp8 at 2.9 and int8 at 4.5; these rows 24, 20 and
+// 22–24 (5–9×; a 9B int4 decode step 3.2 s → 0.39 s; bench/results/2026-11-27-cpu-packed-rows.md).
 //
 // Decoded values: int8 / int4 s·q + b by one fused multiply-add in f32 (one rounding; the scalar
 // path's double evaluation rounds once too, so they agree wherever that sum is exact in double —
