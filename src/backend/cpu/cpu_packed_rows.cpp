@@ -1,6 +1,7 @@
 // AVX2 + FMA + F16C rows of packed weights (cpu_packed_rows.h), chosen at run time so that the
 // build stays x86-64 baseline. A row is decoded into a thread's f32 buffer 8 or 16 weights per
-// step, then dotted with each x row by four 8-lane FMA chains.
+// step, then dotted with each x row by four 8-lane FMA chains; with one x row the decoded weights
+// go straight into the chains (fused_row: the same operations, no buffer).
 //
 // Why (bench/cpu_quant_gemv_bench.cpp, 4096×4096 from DRAM, two threads of an AMD EPYC): the
 // scalar decode (s·q + b in double, one weight at a time) ran int4 at 2.8 G weights/s — no faster
