@@ -71,12 +71,14 @@ TEST(CpuMatmul, PackedWeightsAreBatchInvariantToo) {
   const int64_t out = 24, in = 128;
   const Weight w1 = one.random_quantized_weight(WeightFormat::Q4, out, in, 64, 0.1f, 5);
   const Weight w2 = two.random_quantized_weight(WeightFormat::Q4, out, in, 64, 0.1f, 5);
-  const auto x = randn(size_t(40 * in), 6);
+  const auto x = randn(size_t(70 * in), 6);
   const auto ref = product(one, w1, x, 1);
-  for (int64_t rows : {1, 9, 40}) {  // 9, 40: above the per-row threshold of the default mode
+  const auto ref69 = product(one, w1, std::vector<float>(x.end() - in, x.end()), 1);  // the last row alone
+  for (int64_t rows : {1, 9, 40, 70}) {  // 9, 40: above the per-row threshold of the default mode; 70: x in pieces
     for (CpuBackend* b : {&one, &two}) {
       const auto y = product(*b, b == &one ? w1 : w2, x, rows);
       EXPECT_EQ(std::memcmp(y.data(), ref.data(), size_t(out) * 4), 0) << "rows " << rows;
+      if (rows == 70) EXPECT_EQ(std::memcmp(y.data() + 69 * out, ref69.data(), size_t(out) * 4), 0) << "row 69 of 70";
     }
   }
 }

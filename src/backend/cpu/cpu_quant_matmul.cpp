@@ -131,9 +131,14 @@ void CpuBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   rows_dot = true;  // no sgemm: the per-row loop at every N
 #endif
   const bool simd = cpu::packed_rows_simd_fits(w);
-  if (rows_dot && simd) {
-    const std::vector<float> xp = cpu::packed_rows_x(w, a, x.cols, N);
-    pool_.parallel_for(out, [&](int64_t o0, int64_t o1) { cpu::packed_rows_simd(w, xp.data(), N, c, y.cols, o0, o1); });
+  if (rows_dot && simd) {  // x in pieces of 64 rows: its copy stays small at any N (batch-invariant prompts)
+    for (int64_t n0 = 0; n0 < N; n0 += 64) {
+      const int64_t nn = std::min<int64_t>(64, N - n0);
+      const std::vector<float> xp = cpu::packed_rows_x(w, a + n0 * x.cols, x.cols, nn);
+      pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
+        cpu::packed_rows_simd(w, xp.data(), nn, c + n0 * y.cols, y.cols, o0, o1);
+      });
+    }
     return;
   }
   if (rows_dot) {
