@@ -25,19 +25,22 @@ inline PackedRow packed_row(const Weight& w, int64_t o) {
 }
 
 // Whether this CPU and weight take the SIMD rows; if not, packed_rows_simd_unfit says why (the
-// caller shows it once).
+// caller shows it once; empty when they fit).
 bool packed_rows_simd_fits(const Weight& w);
 std::string packed_rows_simd_unfit(const Weight& w);
 
-// The x rows as the SIMD rows read them: int4 columns in blocks of 16, the even ones first (the
-// order a block's 8 code bytes decode in), other formats as they are. x: N rows at stride ldx.
+// Whether the SIMD rows read x in another order than its own: int4 columns in blocks of 16, the
+// even ones first (the order a block's 8 code bytes decode in). packed_rows_x makes that copy of
+// N rows of x (at stride ldx), as rows of w.in() floats; other formats read x as it is.
+bool packed_rows_permute_x(const Weight& w);
 std::vector<float> packed_rows_x(const Weight& w, const float* x, int64_t ldx, int64_t N);
 
-// y[n·ldy + o] = Σ_j x[n][j]·w[o][j] for the rows [o0, o1) and the N rows of xp (packed_rows_x:
-// rows of w.in() floats). Each row's sum is taken in a fixed order that depends on in alone —
-// the same bits whatever N, the rows or the threads around it. Requires packed_rows_simd_unfit
-// to be empty.
-void packed_rows_simd(const Weight& w, const float* xp, int64_t N, float* y, int64_t ldy, int64_t o0, int64_t o1);
+// y[n·ldy + o] = Σ_j x[n][j]·w[o][j] for the rows [o0, o1) and N rows of x at stride ldx (in the
+// order packed_rows_permute_x says). Each row's sum is taken in a fixed order that depends on in
+// alone — the same bits whatever N, the rows or the threads around it. Requires
+// packed_rows_simd_fits.
+void packed_rows_simd(const Weight& w, const float* x, int64_t ldx, int64_t N, float* y, int64_t ldy, int64_t o0,
+                      int64_t o1);
 
 // Row o decoded to f32 in its natural column order (the prefill tiles that sgemm multiplies); the
 // same values the SIMD rows multiply. Requires packed_rows_simd_fits.

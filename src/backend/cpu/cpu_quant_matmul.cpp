@@ -131,12 +131,15 @@ void CpuBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   rows_dot = true;  // no sgemm: the per-row loop at every N
 #endif
   const bool simd = cpu::packed_rows_simd_fits(w);
-  if (rows_dot && simd) {  // x in pieces of 64 rows: its copy stays small at any N (batch-invariant prompts)
+  if (rows_dot && simd) {  // int4's x permuted 64 rows at a time: the copy stays small at any N
+    const bool permute = cpu::packed_rows_permute_x(w);
     for (int64_t n0 = 0; n0 < N; n0 += 64) {
       const int64_t nn = std::min<int64_t>(64, N - n0);
-      const std::vector<float> xp = cpu::packed_rows_x(w, a + n0 * x.cols, x.cols, nn);
+      const std::vector<float> xp = permute ? cpu::packed_rows_x(w, a + n0 * x.cols, x.cols, nn) : std::vector<float>();
+      const float* xs = permute ? xp.data() : a + n0 * x.cols;
+      const int64_t ldx = permute ? in : x.cols;
       pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
-        cpu::packed_rows_simd(w, xp.data(), nn, c + n0 * y.cols, y.cols, o0, o1);
+        cpu::packed_rows_simd(w, xs, ldx, nn, c + n0 * y.cols, y.cols, o0, o1);
       });
     }
     return;
