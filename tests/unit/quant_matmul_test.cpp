@@ -267,8 +267,8 @@ TEST(PackedMatmul, CanonicalMappingMatchesDequantize) {
 }
 
 // The decode-sized rows with AVX2/FMA/F16C (cpu_packed_rows.cpp): against sums in double of the
-// dequantized weight, and the one-row kernel (no row buffer) bit for bit the rows of 2..8-row
-// products — batch invariance. Shapes with tails (per-row fp8 / int8 at 36 and 200 columns), int4
+// dequantized weight (≤ 1e-6 relative, for x with and without a mean), and the one-row kernel (no
+// row buffer) bit for bit the rows of 2..8-row products — batch invariance. Shapes with tails (per-row fp8 / int8 at 36 and 200 columns), int4
 // in groups of 16, 32, 48, 64 and 128 (16 and 48 through the row buffer at every N), MLX 8-bit g32.
 TEST(PackedMatmul, SimdRowsMatchDoubleSumsAndAreBatchInvariant) {
   CpuBackend b(2);
@@ -306,24 +306,30 @@ TEST(PackedMatmul, SimdRowsMatchDoubleSumsAndAreBatchInvariant) {
         for (int64_t o = 0; o < c.out; ++o) deq[size_t(o * c.in + i0 + i)] = cols[size_t(i * c.out + o)];
     }
     const int64_t N = 8;
-    const auto x = randn(size_t(N * c.in), 7 + uint64_t(c.out));
-    const auto y8 = cpu_matmul(b, packed, x, N);
-    double num = 0, den = 0;
-    for (int64_t n = 0; n < N; ++n) {
-      const std::vector<float> xn(x.begin() + n * c.in, x.begin() + (n + 1) * c.in);
-      const auto y1 = cpu_matmul(b, packed, xn, 1);
-      const auto y3 = cpu_matmul(b, packed, std::vector<float>(x.begin() + n * c.in, x.begin() + std::min(n + 3, N) * c.in),
-                                 std::min<int64_t>(3, N - n));
-      for (int64_t o = 0; o < c.out; ++o) {
-        const float got = y8[size_t(n * c.out + o)];
-        ASSERT_EQ(got, y1[size_t(o)]) << "row " << o << " of x row " << n << ": 1-row product differs from 8-row";
-        ASSERT_EQ(got, y3[size_t(o)]) << "row " << o << " of x row " << n << ": 3-row product differs from 8-row";
-        double ref = 0;
-        for (int64_t j = 0; j < c.in; ++j) ref += double(xn[size_t(j)]) * double(deq[size_t(o * c.in + j)]);
-        num += (double(got) - ref) * (double(got) - ref), den += ref * ref;
+    // x centred and with a mean as large as its spread (the factored rows' bias term, b·Σx, then
+    // cancels most of Σ s·q·x unless the codes are centred).
+    for (const float mean : {0.f, 1.f}) {
+      SCOPED_TRACE(testing::Message() << "x mean " << mean);
+      auto x = randn(size_t(N * c.in), 7 + uint64_t(c.out));
+      for (float& v : x) v += mean;
+      const auto y8 = cpu_matmul(b, packed, x, N);
+      double num = 0, den = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        const std::vector<float> xn(x.begin() + n * c.in, x.begin() + (n + 1) * c.in);
+        const auto y1 = cpu_matmul(b, packed, xn, 1);
+        const auto y3 = cpu_matmul(b, packed, std::vector<float>(x.begin() + n * c.in, x.begin() + std::min(n + 3, N) * c.in),
+                                   std::min<int64_t>(3, N - n));
+        for (int64_t o = 0; o < c.out; ++o) {
+          const float got = y8[size_t(n * c.out + o)];
+          ASSERT_EQ(got, y1[size_t(o)]) << "row " << o << " of x row " << n << ": 1-row product differs from 8-row";
+          ASSERT_EQ(got, y3[size_t(o)]) << "row " << o << " of x row " << n << ": 3-row product differs from 8-row";
+          double ref = 0;
+          for (int64_t j = 0; j < c.in; ++j) ref += double(xn[size_t(j)]) * double(deq[size_t(o * c.in + j)]);
+          num += (double(got) - ref) * (double(got) - ref), den += ref * ref;
+        }
       }
+      EXPECT_LT(std::sqrt(num / den), 1e-6);
     }
-    EXPECT_LT(std::sqrt(num / den), 1e-6);
   }
 }
 

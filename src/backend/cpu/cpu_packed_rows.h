@@ -1,6 +1,6 @@
 // The CPU backend's decode-sized product of packed weights (N ≤ 8 rows of x, or any N when
-// batch-invariant): each weight row decoded to f32 and dotted with the x rows, with AVX2, FMA and
-// F16C where the CPU has them. The scalar path in cpu_quant_matmul.cpp is what runs otherwise.
+// batch-invariant): each weight row's codes dotted with the x rows, with AVX2, FMA and F16C where
+// the CPU has them. The scalar path in cpu_quant_matmul.cpp is what runs otherwise.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -29,21 +29,24 @@ inline PackedRow packed_row(const Weight& w, int64_t o) {
 bool packed_rows_simd_fits(const Weight& w);
 std::string packed_rows_simd_unfit(const Weight& w);
 
-// Whether the SIMD rows read x in another order than its own: int4 columns in blocks of 16, the
-// even ones first (the order a block's 8 code bytes decode in). packed_rows_x makes that copy of
-// N rows of x (at stride ldx), as rows of w.in() floats; other formats read x as it is.
-bool packed_rows_permute_x(const Weight& w);
-std::vector<float> packed_rows_x(const Weight& w, const float* x, int64_t ldx, int64_t N);
+// x as the SIMD rows read it: int4 columns in blocks of 16, the even ones first (the order a
+// block's 8 code bytes decode in), a copy; other formats x in place. With Σx of each of its groups
+// (formats with biases) for the bias terms.
+struct PackedRowsX {
+  const float* x;  // N rows of w.in() floats at stride ldx
+  int64_t ldx, N;
+  std::vector<float> copy;        // int4: the permuted rows
+  std::vector<float> group_sums;  // [N, groups]
+};
+PackedRowsX packed_rows_x(const Weight& w, const float* x, int64_t ldx, int64_t N);
 
-// y[n·ldy + o] = Σ_j x[n][j]·w[o][j] for the rows [o0, o1) and N rows of x at stride ldx (in the
-// order packed_rows_permute_x says). Each row's sum is taken in a fixed order that depends on in
-// alone — the same bits whatever N, the rows or the threads around it. Requires
-// packed_rows_simd_fits.
-void packed_rows_simd(const Weight& w, const float* x, int64_t ldx, int64_t N, float* y, int64_t ldy, int64_t o0,
-                      int64_t o1);
+// y[n·ldy + o] = Σ_j x[n][j]·w[o][j] for the rows [o0, o1). Each row's sum is taken in a fixed
+// order that depends on the shape alone — the same bits whatever N, the rows or the threads
+// around it. Requires packed_rows_simd_fits.
+void packed_rows_simd(const Weight& w, const PackedRowsX& x, float* y, int64_t ldy, int64_t o0, int64_t o1);
 
-// Row o decoded to f32 in its natural column order (the prefill tiles that sgemm multiplies); the
-// same values the SIMD rows multiply. Requires packed_rows_simd_fits.
+// Row o decoded to f32 in its natural column order (the prefill tiles that sgemm multiplies):
+// s·q + b by one FMA, fp8 s·e4m3. Requires packed_rows_simd_fits.
 void packed_row_decode_simd(const Weight& w, int64_t o, float* dst);
 
 }  // namespace sala::cpu

@@ -1,14 +1,14 @@
 // CPU backend: packed weights (docs/quantization.md). They stay in the canonical layout of
 // QuantMatrixView (codes row-major, f32 scales/biases per group) and matmul decodes them on the
-// fly: decode (N ≤ kRowDotMax) decodes each output row into a per-thread f32 row and takes N dot
-// products with it; prefill decodes blocks of rows into a bounded f32 tile and hands each tile to
-// sgemm. No dequantized copy of a whole matrix is ever kept. Both decode with AVX2/FMA/F16C where
-// the CPU has them (cpu_packed_rows.cpp), one weight at a time here otherwise.
+// fly: decode (N ≤ kRowDotMax) takes each output row's N dot products from its codes (with
+// AVX2/FMA/F16C where the CPU has them: cpu_packed_rows.cpp; otherwise here, decoding the row into
+// a per-thread f32 row one weight at a time); prefill decodes blocks of rows into a bounded f32
+// tile and hands each tile to sgemm. No dequantized copy of a whole matrix is ever kept.
 //
 // Decoded values equal dequantize_views' within f32 rounding: here w = s·q + b is evaluated in
 // double and rounded once, which is exact for the integer formats (b = −z·s with z = 128 or 8 is
 // exact, so s·q + b = s·(q − z) exactly) and one rounding for zero points and MLX biases; the
-// SIMD decode's f32 FMA rounds the same exact sum once.
+// SIMD tile decode's f32 FMA rounds the same exact sum once.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -131,16 +131,10 @@ void CpuBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   rows_dot = true;  // no sgemm: the per-row loop at every N
 #endif
   const bool simd = cpu::packed_rows_simd_fits(w);
-  if (rows_dot && simd) {  // int4's x permuted 64 rows at a time: the copy stays small at any N
-    const bool permute = cpu::packed_rows_permute_x(w);
+  if (rows_dot && simd) {  // x prepared 64 rows at a time: int4's permuted copy stays small at any N
     for (int64_t n0 = 0; n0 < N; n0 += 64) {
-      const int64_t nn = std::min<int64_t>(64, N - n0);
-      const std::vector<float> xp = permute ? cpu::packed_rows_x(w, a + n0 * x.cols, x.cols, nn) : std::vector<float>();
-      const float* xs = permute ? xp.data() : a + n0 * x.cols;
-      const int64_t ldx = permute ? in : x.cols;
-      pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
-        cpu::packed_rows_simd(w, xs, ldx, nn, c + n0 * y.cols, y.cols, o0, o1);
-      });
+      const cpu::PackedRowsX xr = cpu::packed_rows_x(w, a + n0 * x.cols, x.cols, std::min<int64_t>(64, N - n0));
+      pool_.parallel_for(out, [&](int64_t o0, int64_t o1) { cpu::packed_rows_simd(w, xr, c + n0 * y.cols, y.cols, o0, o1); });
     }
     return;
   }
