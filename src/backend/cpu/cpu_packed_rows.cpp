@@ -1,5 +1,5 @@
 // AVX2 + FMA + F16C rows of packed weights (cpu_packed_rows.h), chosen at run time so that the
-// build stays x86-64 baseline. A row's sum is factored as Σ_g s_g·Σ q·x + Σ_g b_g·Σ x: its codes
+// build stays x86-64 baseline. A row's sum is factored as Σ_g s_g·Σ q·x + Σ_g b'_g·Σx: its codes
 // are turned into f32 8 or 16 at a time and dotted with x by four 8-lane FMA chains per group,
 // each group's sum scaled once, and the bias terms taken against Σx per group, computed once per
 // x row. One x row reads the codes straight from the packed row; several decode the row's codes
@@ -14,9 +14,9 @@
 //
 // Rounding: the weight s·q + b is never rounded on its own; each group's Σ q·x is (exact codes
 // times x, f32 sums), then its product with s. The codes are centred — int8 q − 128, int4 q − 8,
-// the bias b + centre·s — because with the raw codes the bias term b·Σx cancels most of Σ s·q·x
+// the bias b' = b + centre·s — because with the raw codes the bias term b·Σx cancels most of Σ s·q·x
 // when x has a mean: int4 g128 then erred by 9e-6 against 2e-7 with x of mean 1 and spread 1
-// (centring costs int4 ~15% of the factoring's gain; PackedMatmul.SimdRows… checks ≤ 1e-6).
+// (centring int4 costs two integer operations per 16 codes; PackedMatmul.SimdRows… checks ≤ 1e-6).
 #include "backend/cpu/cpu_packed_rows.h"
 
 #include <immintrin.h>
