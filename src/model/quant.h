@@ -76,7 +76,8 @@ struct QuantizedMatrix {
 };
 
 // Quantizes row-major w[rows*cols]. Throws (naming `name`) when cols does not fit the format.
-// With a pool, pieces of rows run in parallel (the same bytes).
+// With a pool, pieces of rows run in parallel (the same bytes). int4 groups take the best (least
+// squared error) of a few fractions of their range (quant.cpp, kInt4Clips).
 QuantizedMatrix quantize_matrix(const float* w, int64_t rows, int64_t cols, QuantFormat format, int group_size,
                                 bool zero_points, int bits = 4, const std::string& name = "weight",
                                 ThreadPool* pool = nullptr);

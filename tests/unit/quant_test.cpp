@@ -148,6 +148,39 @@ TEST(QuantPack, Int4ZeroPointsCoverAsymmetricRange) {
   EXPECT_NEAR(bn[0], -3.f, qn.scales[0] / 2);
 }
 
+// The int4 quantizer compares a few narrower ranges per group with the full one and keeps the
+// least squared error (quant.cpp, kInt4Clips): on Gaussian groups, clearly less error than
+// rounding on each group's full range (computed here in double, with unrounded scales — a grid a
+// hair finer than the stored one).
+TEST(QuantPack, Int4ClipSearchBeatsTheFullRangeOnGaussianGroups) {
+  const int64_t rows = 64, cols = 512;
+  std::vector<float> w(size_t(rows * cols));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.02f * normal01(77, i);
+  for (const int group : {64, 128})
+    for (const bool zp : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "group " << group << (zp ? " zero points" : " symmetric"));
+      const QuantizedMatrix q = quantize_matrix(w.data(), rows, cols, QuantFormat::INT4, group, zp);
+      std::vector<float> back(w.size());
+      dequantize_matrix(q, back.data());
+      double got = 0, full = 0;
+      for (size_t g0 = 0; g0 < w.size(); g0 += size_t(group)) {
+        double mn = 0, mx = 0, amax = 0;
+        for (int j = 0; j < group; ++j) {
+          const double x = w[g0 + size_t(j)];
+          mn = std::min(mn, x), mx = std::max(mx, x), amax = std::max(amax, std::fabs(x));
+        }
+        const double s = zp ? (mx - mn) / 15 : amax / 7, z = zp ? std::nearbyint(-mn / s) : 0;
+        for (int j = 0; j < group; ++j) {
+          const double x = w[g0 + size_t(j)];
+          const double v = std::clamp(std::nearbyint(x / s) + z, zp ? 0.0 : -8.0, zp ? 15.0 : 7.0);
+          full += (s * (v - z) - x) * (s * (v - z) - x);
+          got += (double(back[g0 + size_t(j)]) - x) * (double(back[g0 + size_t(j)]) - x);
+        }
+      }
+      EXPECT_LT(got, 0.96 * full) << "squared error " << got << " against the full range's " << full;
+    }
+}
+
 TEST(QuantPack, Int4BiasesAreExactInF16) {
   // The backends hold grouped scales and biases as f16 (backend.h); the quantizer's scales make
   // the packed bias −s·z (−8·s symmetric) an exact f16, so packed products equal the checkpoint's
