@@ -145,8 +145,8 @@ namespace {
 
 // An int4 group scale as stored. The backends multiply by f16 scales and biases (backend.h), and
 // int4's bias is −s·z: so the scale is an f16 value, and with zero points one of 7 significant
-// bits (rounded up: the range asked for is covered), whose products with z ≤ 15 fit f16's 11 — the bias the
-// backends hold is then exactly the checkpoint's s·(q − z). (A coarser grid by < 0.8%: far under
+// bits (rounded up: the range asked for is covered), whose products with z ≤ 15 fit f16's 11 —
+// the bias the backends hold is then exactly the checkpoint's s·(q − z). (A coarser grid by < 0.8%: far under
 // the int4 rounding itself.) 1 where the scale would be 0 (an all-zero or vanishing group).
 float int4_scale(float s, bool zero_points) {
   if (zero_points && s > 0) {
@@ -226,7 +226,8 @@ QuantizedMatrix quantize_matrix(const float* w, int64_t rows, int64_t cols, Quan
             const float* x = w + r * cols + g * group;
             uint8_t* dst = q.data.data() + (r * cols + g * group) / 2;
             float amax = 0, mn = x[0], mx = x[0];
-            for (int j = 0; j < group; ++j) amax = std::max(amax, std::fabs(x[j])), mn = std::min(mn, x[j]), mx = std::max(mx, x[j]);
+            for (int j = 0; j < group; ++j)
+              amax = std::max(amax, std::fabs(x[j])), mn = std::min(mn, x[j]), mx = std::max(mx, x[j]);
             mn = std::min(mn, 0.f), mx = std::max(mx, 0.f);  // zero points: zero stays exactly representable
             // The group's range shrunk by each of kInt4Clips, the one with the least squared error
             // kept (ties: the wider); the scale is rounded as stored (int4_scale) before its codes
@@ -235,7 +236,8 @@ QuantizedMatrix quantize_matrix(const float* w, int64_t rows, int64_t cols, Quan
             float best_scale = 1.f;
             int best_zero = 0;
             for (const float clip : kInt4Clips) {
-              const float scale = zero_points ? int4_scale(clip * (mx - mn) / 15.f, true) : int4_scale(clip * amax / 7.f, false);
+              const float scale =
+                  zero_points ? int4_scale(clip * (mx - mn) / 15.f, true) : int4_scale(clip * amax / 7.f, false);
               const int zero = zero_points ? int(std::clamp(std::nearbyint(-clip * mn / scale), 0.f, 15.f)) : 0;
               const float lo = zero_points ? 0.f : -8.f, hi = zero_points ? 15.f : 7.f;
               double err = 0;

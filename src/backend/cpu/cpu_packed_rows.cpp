@@ -220,6 +220,24 @@ SALA_SIMD float row_sum(const Weight& w, int64_t o, const float* x, const float*
   return y;
 }
 
+// GC: the group's columns when known at compile time (0: w.group).
+template <int64_t GC>
+SALA_SIMD void rows(const Weight& w, const PackedRowsX& x, const float* gs, float* y, int64_t ldy, int64_t o0,
+                    int64_t o1) {
+  const int64_t in = w.in(), groups = in / w.group;
+  if (x.N == 1) {  // the batch-1 step: codes straight from the packed row
+    for (int64_t o = o0; o < o1; ++o) y[o] = row_sum<GC>(w, o, x.x, gs, PackedCodes{w.format, packed_row(w, o).codes});
+    return;
+  }
+  thread_local std::vector<float> row;
+  row.resize(size_t(in));
+  for (int64_t o = o0; o < o1; ++o) {
+    decode_codes(w, o, row.data());
+    for (int64_t n = 0; n < x.N; ++n)
+      y[n * ldy + o] = row_sum<GC>(w, o, x.x + n * x.ldx, gs ? gs + n * groups : nullptr, BufferedCodes{row.data()});
+  }
+}
+
 // The group sizes the rows take: whole blocks of 16 columns for int4 (8 code bytes), of 8 for
 // grouped 8-bit weights, any length for per-row ones (their tail is summed one by one).
 int64_t group_multiple(const Weight& w) {
@@ -266,27 +284,6 @@ PackedRowsX packed_rows_x(const Weight& w, const float* x, int64_t ldx, int64_t 
   }
   return r;
 }
-
-namespace {
-
-// GC: the group's columns when known at compile time (0: w.group).
-template <int64_t GC>
-SALA_SIMD void rows(const Weight& w, const PackedRowsX& x, const float* gs, float* y, int64_t ldy, int64_t o0, int64_t o1) {
-  const int64_t in = w.in(), groups = in / w.group;
-  if (x.N == 1) {  // the batch-1 step: codes straight from the packed row
-    for (int64_t o = o0; o < o1; ++o) y[o] = row_sum<GC>(w, o, x.x, gs, PackedCodes{w.format, packed_row(w, o).codes});
-    return;
-  }
-  thread_local std::vector<float> row;
-  row.resize(size_t(in));
-  for (int64_t o = o0; o < o1; ++o) {
-    decode_codes(w, o, row.data());
-    for (int64_t n = 0; n < x.N; ++n)
-      y[n * ldy + o] = row_sum<GC>(w, o, x.x + n * x.ldx, gs ? gs + n * groups : nullptr, BufferedCodes{row.data()});
-  }
-}
-
-}  // namespace
 
 SALA_SIMD void packed_rows_simd(const Weight& w, const PackedRowsX& x, float* y, int64_t ldy, int64_t o0, int64_t o1) {
   const float* gs = x.group_sums.empty() ? nullptr : x.group_sums.data();

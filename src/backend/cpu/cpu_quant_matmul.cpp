@@ -134,7 +134,9 @@ void CpuBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   if (rows_dot && simd) {  // x prepared 64 rows at a time: int4's permuted copy stays small at any N
     for (int64_t n0 = 0; n0 < N; n0 += 64) {
       const cpu::PackedRowsX xr = cpu::packed_rows_x(w, a + n0 * x.cols, x.cols, std::min<int64_t>(64, N - n0));
-      pool_.parallel_for(out, [&](int64_t o0, int64_t o1) { cpu::packed_rows_simd(w, xr, c + n0 * y.cols, y.cols, o0, o1); });
+      pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
+        cpu::packed_rows_simd(w, xr, c + n0 * y.cols, y.cols, o0, o1);
+      });
     }
     return;
   }
