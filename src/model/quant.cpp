@@ -235,11 +235,11 @@ QuantizedMatrix quantize_matrix(const float* w, int64_t rows, int64_t cols, Quan
             double best_err = -1;
             float best_scale = 1.f;
             int best_zero = 0;
+            const float lo = zero_points ? 0.f : -8.f, hi = zero_points ? 15.f : 7.f;
             for (const float clip : kInt4Clips) {
               const float scale =
                   zero_points ? int4_scale(clip * (mx - mn) / 15.f, true) : int4_scale(clip * amax / 7.f, false);
               const int zero = zero_points ? int(std::clamp(std::nearbyint(-clip * mn / scale), 0.f, 15.f)) : 0;
-              const float lo = zero_points ? 0.f : -8.f, hi = zero_points ? 15.f : 7.f;
               double err = 0;
               for (int j = 0; j < group; ++j) {
                 const int v = int(std::clamp(std::nearbyint(x[j] / scale) + float(zero), lo, hi));

@@ -42,9 +42,8 @@ bool cpu_has_simd() {
 
 #define SALA_SIMD __attribute__((target("avx2,fma,f16c")))
 
-// The four chains' 32 partial sums in a fixed tree.
-SALA_SIMD inline float sum_chains(__m256 c0, __m256 c1, __m256 c2, __m256 c3) {
-  const __m256 c = _mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3));
+// The 8 lanes' sum in a fixed tree.
+SALA_SIMD inline float sum_lanes(__m256 c) {
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
   h = _mm_add_ps(h, _mm_movehl_ps(h, h));
   h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
@@ -198,8 +197,7 @@ SALA_SIMD float row_sum(const Weight& w, int64_t o, const float* x, const float*
     const __m256 sum = _mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3));
     total = _mm256_fmadd_ps(_mm256_set1_ps(sc[g] * unit), sum, total);
   }
-  const __m256 zero = _mm256_setzero_ps();
-  float y = sum_chains(total, zero, zero, zero);
+  float y = sum_lanes(total);
   if (j < in) {  // per-row fp8 / int8 only (int4 groups are whole blocks of 16)
     float t = 0.f;
     for (; j < in; ++j) t = std::fma(x[j], codes.at1(j), t);
@@ -207,13 +205,13 @@ SALA_SIMD float row_sum(const Weight& w, int64_t o, const float* x, const float*
   }
   if (bi) {
     const float centre = float(f == WeightFormat::Q8 ? kQ8Centre : kQ4Centre);
-    __m256 bt = zero;
+    __m256 bt = _mm256_setzero_ps();
     int64_t g = 0;
     for (; g + 8 <= groups; g += 8) {
       const __m256 b = _mm256_fmadd_ps(_mm256_set1_ps(centre), _mm256_loadu_ps(sc + g), _mm256_loadu_ps(bi + g));
       bt = _mm256_fmadd_ps(b, _mm256_loadu_ps(gsum + g), bt);
     }
-    float bs = sum_chains(bt, zero, zero, zero);
+    float bs = sum_lanes(bt);
     for (; g < groups; ++g) bs = std::fma(std::fma(centre, sc[g], bi[g]), gsum[g], bs);
     y += bs;
   }
@@ -226,7 +224,7 @@ SALA_SIMD void rows(const Weight& w, const PackedRowsX& x, const float* gs, floa
                     int64_t o1) {
   const int64_t in = w.in(), groups = in / w.group;
   if (x.N == 1) {  // the batch-1 step: codes straight from the packed row
-    for (int64_t o = o0; o < o1; ++o) y[o] = row_sum<GC>(w, o, x.x, gs, PackedCodes{w.format, packed_row(w, o).codes});
+    for (int64_t o = o0; o < o1; ++o) y[o] = row_sum<GC>(w, o, x.row(0), gs, PackedCodes{w.format, packed_row(w, o).codes});
     return;
   }
   thread_local std::vector<float> row;
@@ -234,7 +232,7 @@ SALA_SIMD void rows(const Weight& w, const PackedRowsX& x, const float* gs, floa
   for (int64_t o = o0; o < o1; ++o) {
     decode_codes(w, o, row.data());
     for (int64_t n = 0; n < x.N; ++n)
-      y[n * ldy + o] = row_sum<GC>(w, o, x.x + n * x.ldx, gs ? gs + n * groups : nullptr, BufferedCodes{row.data()});
+      y[n * ldy + o] = row_sum<GC>(w, o, x.row(n), gs ? gs + n * groups : nullptr, BufferedCodes{row.data()});
   }
 }
 
@@ -262,7 +260,7 @@ std::string packed_rows_simd_unfit(const Weight& w) {  // which condition of pac
 
 PackedRowsX packed_rows_x(const Weight& w, const float* x, int64_t ldx, int64_t N) {
   const int64_t in = w.in(), G = w.group, groups = in / G;
-  PackedRowsX r{x, ldx, N, {}, {}};
+  PackedRowsX r{x, ldx, N, in, {}, {}};
   if (w.format == WeightFormat::Q4) {  // each block of 16 columns: evens, then odds
     r.copy.resize(size_t(N * in));
     for (int64_t n = 0; n < N; ++n) {
@@ -271,7 +269,6 @@ PackedRowsX packed_rows_x(const Weight& w, const float* x, int64_t ldx, int64_t 
       for (int64_t j = 0; j < in; j += 16)
         for (int i = 0; i < 8; ++i) dst[j + i] = src[j + 2 * i], dst[j + 8 + i] = src[j + 2 * i + 1];
     }
-    r.x = r.copy.data(), r.ldx = in;
   }
   if (w.biases) {  // Σx per group, in column order
     r.group_sums.resize(size_t(N * groups));

@@ -33,10 +33,12 @@ std::string packed_rows_simd_unfit(const Weight& w);
 // block's 8 code bytes decode in), a copy; other formats x in place. With Σx of each of its groups
 // (formats with biases) for the bias terms.
 struct PackedRowsX {
-  const float* x;  // N rows of w.in() floats at stride ldx
-  int64_t ldx, N;
-  std::vector<float> copy;        // int4: the permuted rows
+  const float* x;  // the caller's N rows of `in` floats at stride ldx
+  int64_t ldx, N, in;
+  std::vector<float> copy;        // int4: the permuted rows, `in` floats apart
   std::vector<float> group_sums;  // [N, groups]
+  // Row n as the SIMD rows read it.
+  const float* row(int64_t n) const { return copy.empty() ? x + n * ldx : copy.data() + n * in; }
 };
 PackedRowsX packed_rows_x(const Weight& w, const float* x, int64_t ldx, int64_t N);
 
