@@ -11,6 +11,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "model/presets.h"
@@ -19,10 +20,18 @@
 namespace sala::test {
 
 // The "tiny" preset with random f32 weights of `seed`, written under the temp directory the first
-// time a test of this process asks for `tag` (each test file its own tag and seed).
+// time a test of this process asks for `tag` (each test file its own tag and seed), and removed
+// when the process exits (CTest runs every test in its own process: hundreds per suite run).
 inline std::filesystem::path tiny_checkpoint(const std::string& tag, uint64_t seed) {
-  static std::map<std::string, std::filesystem::path> written;
-  auto [it, fresh] = written.try_emplace(tag);
+  struct Written {
+    std::map<std::string, std::filesystem::path> dirs;
+    ~Written() {
+      std::error_code ec;  // best effort: a leftover directory is not a test failure
+      for (const auto& [t, dir] : dirs) std::filesystem::remove_all(dir, ec);
+    }
+  };
+  static Written written;
+  auto [it, fresh] = written.dirs.try_emplace(tag);
   if (fresh) {
     it->second = std::filesystem::temp_directory_path() / ("sala_" + tag + "_" + std::to_string(::getpid()));
     write_random_checkpoint(it->second, preset_config("tiny"), {.seed = seed, .dtype = DType::F32});
