@@ -91,4 +91,18 @@ class Engine {
   std::shared_ptr<std::vector<float>> logit_buffer(size_t floats);
 };
 
+// A sequence open for the life of a scope (closed on the way out, an exception included).
+class ScopedSequence {
+ public:
+  explicit ScopedSequence(Engine& engine) : engine_(engine), id_(engine.open()) {}
+  ~ScopedSequence() { engine_.close(id_); }
+  ScopedSequence(const ScopedSequence&) = delete;
+  ScopedSequence& operator=(const ScopedSequence&) = delete;
+  int id() const { return id_; }
+
+ private:
+  Engine& engine_;
+  int id_;
+};
+
 }  // namespace sala

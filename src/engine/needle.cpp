@@ -183,12 +183,8 @@ GreedyRunResult greedy_run(Engine& engine, std::span<const int32_t> prompt, cons
   const int64_t n = int64_t(prompt.size());
   const int64_t chunk = options.chunk > 0 ? options.chunk : n;
   GreedyRunResult r;
-  const int seq = engine.open();
-  struct Closer {
-    Engine& e;
-    int s;
-    ~Closer() { e.close(s); }
-  } closer{engine, seq};
+  const ScopedSequence sequence(engine);
+  const int seq = sequence.id();
 
   // The callbacks (progress bars, memory sampling) are not part of the timed work.
   double hooks = 0;

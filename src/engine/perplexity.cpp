@@ -39,12 +39,8 @@ PerplexityResult perplexity(Engine& engine, std::span<const int32_t> ids, const 
   PerplexityResult r;
   double nll_sum = 0;
   for (const auto& w : windows) {
-    const int seq = engine.open();
-    struct Closer {
-      Engine& e;
-      int s;
-      ~Closer() { e.close(s); }
-    } closer{engine, seq};
+    const ScopedSequence sequence(engine);
+    const int seq = sequence.id();
     const int64_t len = w.end - w.begin, chunk = o.chunk > 0 ? o.chunk : len;
     // Logits are needed at positions [score_from - 1, end - 1) of the text.
     for (int64_t done = 0; done < len;) {

@@ -2,13 +2,12 @@
 
 #include <charconv>
 #include <cmath>
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json_file.h"
 
 namespace sala {
 
@@ -333,17 +332,7 @@ json ModelConfig::to_json() const {
 ModelConfig ModelConfig::load(const std::filesystem::path& path) {
   std::filesystem::path file = std::filesystem::is_directory(path) ? path / "config.json" : path;
   if (!std::filesystem::exists(file)) fail("model config '{}' does not exist", file.string());
-  std::ifstream in(file);
-  if (!in) fail("cannot read model config '{}'", file.string());
-  std::stringstream text;
-  text << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(text.str());
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", file.string(), e.what());
-  }
-  return from_json(j, file.string());
+  return from_json(read_json_file(file), file.string());
 }
 
 }  // namespace sala

@@ -7,11 +7,11 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
 #include "backend/quant_layout.h"
 #include "core/error.h"
 #include "core/threads.h"
+#include "io/json_file.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -84,16 +84,7 @@ QuantConfig parse_quant_config(const json& config, const std::string& source) {
 QuantConfig load_quant_config(const fs::path& dir) {
   const fs::path file = fs::is_directory(dir) ? dir / "config.json" : dir;
   if (!fs::exists(file)) return {};
-  std::ifstream in(file);
-  std::stringstream text;
-  text << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(text.str());
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", file.string(), e.what());
-  }
-  return parse_quant_config(j, file.string());
+  return parse_quant_config(read_json_file(file), file.string());
 }
 
 json quant_config_json(const QuantConfig& q) {
@@ -440,15 +431,7 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
   SALA_CHECK(fs::exists(in / "config.json"), "quantize: '{}' has no config.json", in.string());
   std::error_code ec;
   SALA_CHECK(!fs::exists(out) || !fs::equivalent(in, out, ec), "quantize: OUT must differ from IN");
-  json raw;
-  {
-    std::ifstream f(in / "config.json");
-    try {
-      raw = json::parse(f);
-    } catch (const json::exception& e) {
-      fail("{}: not valid JSON: {}", (in / "config.json").string(), e.what());
-    }
-  }
+  json raw = read_json_file(in / "config.json");  // written out again with a quantization section
   SALA_CHECK(!parse_quant_config(raw, (in / "config.json").string()).quantized(),
              "quantize: '{}' is already quantized (its config.json has a quantization section)", in.string());
   const ModelConfig config = ModelConfig::from_json(raw, (in / "config.json").string());

@@ -2,11 +2,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "core/error.h"
+#include "io/json_file.h"
 #include "tokenizer/utf8.h"
 
 namespace sala {
@@ -52,14 +51,6 @@ int byte_of(std::string_view t) {
   return hi >= 0 && lo >= 0 ? hi * 16 + lo : -1;
 }
 
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read {}", path.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
 Tokenizer Tokenizer::load(const std::filesystem::path& path, const Options& options) {
@@ -67,13 +58,7 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path, const Options& opti
   if (std::filesystem::is_directory(path) || path.extension() != ".json") file = path / "tokenizer.json";
   if (!std::filesystem::is_regular_file(file))
     fail("tokenizer: {} not found (expected a model directory holding tokenizer.json, or the file itself)", file.string());
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_file(file));
-  } catch (const nlohmann::json::parse_error& e) {
-    fail("{}: invalid JSON: {}", file.string(), e.what());
-  }
-  return from_json(j, options, file.string());
+  return from_json(read_json_file(file), options, file.string());
 }
 
 Tokenizer Tokenizer::from_json(const nlohmann::json& j, const Options& options, const std::string& where) {
