@@ -43,6 +43,13 @@ grep -q "^total: 33 tensors quantized" <<<"$out" || fail "--lm-head: not 33 tens
 "$SALA" logits "$tmp/fp8lm" --tokens 1,5,6 --out "$tmp/lm.npy" 2>"$tmp/lm.err" || fail "--lm-head: does not load"
 grep -q "weights on cpu: 33 fp8 (per row)" "$tmp/lm.err" || fail "--lm-head: lm_head not packed: $(cat "$tmp/lm.err")"
 
+# A packed checkpoint runs where a dense one does: text in and out through its tokenizer
+# (generate; the server's test serves an int8 one).
+"$SALA" generate "$tmp/int4" "Hello there" --temperature 0 -n 6 --ignore-eos >"$tmp/gen.out" 2>"$tmp/gen.err" ||
+  fail "int4: generate fails: $(cat "$tmp/gen.err")"
+[ -s "$tmp/gen.out" ] || fail "int4: generate printed nothing"
+grep -q "generated 6 tokens" "$tmp/gen.err" || fail "int4: generate's summary: $(cat "$tmp/gen.err")"
+
 # sala quant-quality: the packed formats against the dense model, one table row each.
 out=$("$SALA" quant-quality "$tmp/f32" --formats fp8,int8,int4 --positions 96 --chunk 32 --decode 8 --backend cpu \
   --json "$tmp/qq.json" 2>"$tmp/qq.err") || fail "quant-quality: $(cat "$tmp/qq.err")"

@@ -313,6 +313,22 @@ done
 [[ $(metric "$U" sala_speculative_verify_steps_total) == 0 ]] || fail "the plain server counted verify steps"
 ok "--speculative self|lookup: same greedy outputs as the plain server, counters in /metrics"
 
+# --- A packed checkpoint (sala quantize) serves as the dense one does -------------------------------
+"$SALA" quantize "$MODEL" "$WORK/tiny-int8" --format int8 --quiet >/dev/null
+start_server quant --model "$WORK/tiny-int8" --deterministic --ctx-size 512
+Q=$URL_quant
+wait_ready "$Q"
+[[ $(req POST "$Q/v1/completions" '{"prompt":"Once upon a time","max_tokens":6,"temperature":0,"ignore_eos":true}') == 200 ]] ||
+  fail "int8 checkpoint, completion: $(cat "$WORK/body")"
+jq -e '.usage.completion_tokens == 6 and (.choices[0].text | type) == "string"' "$WORK/body" >/dev/null ||
+  fail "int8 checkpoint, completion body: $(cat "$WORK/body")"
+[[ $(req POST "$Q/v1/chat/completions" '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":4,"temperature":0,"ignore_eos":true,"stream":true}') == 200 ]] ||
+  fail "int8 checkpoint, streamed chat"
+grep -q '^data: \[DONE\]' "$WORK/body" || fail "int8 checkpoint, streamed chat: no [DONE]: $(cat "$WORK/body")"
+kill -TERM "$PID_quant"
+wait "$PID_quant" || fail "int8 checkpoint server: exit $?"
+ok "an int8 checkpoint from sala quantize serves completions and streamed chat"
+
 # --- Server-wide defaults (--temperature, --max-tokens) and --host ----------------------------------
 # --temperature 0: unseeded requests that give no temperature are greedy (the main server's
 # temperature-0 answer); --max-tokens 5: requests without max_tokens end with "length" at 5 tokens.
