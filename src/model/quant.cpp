@@ -428,13 +428,14 @@ bool is_quantized_tensor(const std::string& name, bool is_vector, bool lm_head) 
 QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, const QuantizeOptions& opt,
                                    const std::function<void(const QuantizeReport::Row&)>& on_row) {
   SALA_CHECK(opt.format != QuantFormat::None, "quantize: no format given");
-  SALA_CHECK(fs::exists(in / "config.json"), "quantize: '{}' has no config.json", in.string());
+  const std::string config_file = (in / "config.json").string();
+  SALA_CHECK(fs::exists(config_file), "quantize: '{}' has no config.json", in.string());
   std::error_code ec;
   SALA_CHECK(!fs::exists(out) || !fs::equivalent(in, out, ec), "quantize: OUT must differ from IN");
-  json raw = read_json_file(in / "config.json");  // written out again with a quantization section
-  SALA_CHECK(!parse_quant_config(raw, (in / "config.json").string()).quantized(),
+  json raw = read_json_file(config_file);  // written out again with a quantization section
+  SALA_CHECK(!parse_quant_config(raw, config_file).quantized(),
              "quantize: '{}' is already quantized (its config.json has a quantization section)", in.string());
-  const ModelConfig config = ModelConfig::from_json(raw, (in / "config.json").string());
+  const ModelConfig config = ModelConfig::from_json(raw, config_file);
   Checkpoint ckpt(in);
 
   auto report = std::make_shared<QuantizeReport>();

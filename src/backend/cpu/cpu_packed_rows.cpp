@@ -63,49 +63,6 @@ SALA_SIMD inline __m256 fp8x8_scaled(const uint8_t* c) {
   return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(v, 7), _mm_set1_epi16(int16_t(0xBF80))));
 }
 
-// Row o of w as f32 in column order (the prefill tiles): s·q + b by one FMA, fp8 as s·e4m3.
-SALA_SIMD void decode_row_natural(const Weight& w, int64_t o, float* dst) {
-  const int64_t in = w.in(), G = w.group, groups = in / G;
-  const auto [c, sc, bi] = packed_row(w, o);
-  switch (w.format) {
-    case WeightFormat::FP8: {
-      const float s = sc[0];
-      const __m256 s256 = _mm256_set1_ps(s * 256.f);  // exact: a power of two
-      int64_t j = 0;
-      for (; j + 8 <= in; j += 8) _mm256_storeu_ps(dst + j, _mm256_mul_ps(s256, fp8x8_scaled(c + j)));
-      for (; j < in; ++j) dst[j] = s * fp8_e4m3_to_f32(c[j]);
-      return;
-    }
-    case WeightFormat::Q8: {
-      for (int64_t g = 0; g < groups; ++g) {
-        const __m256 s = _mm256_set1_ps(sc[g]), b = _mm256_set1_ps(bi[g]);
-        int64_t j = g * G;
-        const int64_t end = (g + 1) * G;
-        for (; j + 8 <= end; j += 8) _mm256_storeu_ps(dst + j, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(bytes8(c + j)), b));
-        for (; j < end; ++j) dst[j] = std::fma(sc[g], float(c[j]), bi[g]);
-      }
-      return;
-    }
-    case WeightFormat::Q4: {  // groups of 16k columns: a block of 16 is 8 bytes, evens then odds
-      const __m256i low = _mm256_set1_epi32(15);
-      for (int64_t g = 0; g < groups; ++g) {
-        const __m256 s = _mm256_set1_ps(sc[g]), b = _mm256_set1_ps(bi[g]);
-        for (int64_t j = g * G; j < (g + 1) * G; j += 16) {
-          const __m256i v = bytes8(c + j / 2);
-          const __m256 even = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_and_si256(v, low)), b);
-          const __m256 odd = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), b);
-          // lanes: lo = columns 0–3 | 8–11, hi = 4–7 | 12–15
-          const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
-          _mm256_storeu_ps(dst + j, _mm256_permute2f128_ps(lo, hi, 0x20));
-          _mm256_storeu_ps(dst + j + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
-        }
-      }
-      return;
-    }
-    case WeightFormat::Dense: break;
-  }
-}
-
 // The codes the rows multiply x by, as f32 (exact): int8 q − 128, int4 q − 8 (centred, above),
 // fp8 e4m3·2⁻⁸. Int4 in x's order (packed_rows_x): each block of 16 columns evens then odds.
 constexpr int kQ8Centre = 128, kQ4Centre = 8;
@@ -291,6 +248,46 @@ SALA_SIMD void packed_rows_simd(const Weight& w, const PackedRowsX& x, float* y,
   rows<0>(w, x, gs, y, ldy, o0, o1);
 }
 
-SALA_SIMD void packed_row_decode_simd(const Weight& w, int64_t o, float* dst) { decode_row_natural(w, o, dst); }
+SALA_SIMD void packed_row_decode_simd(const Weight& w, int64_t o, float* dst) {
+  const int64_t in = w.in(), G = w.group, groups = in / G;
+  const auto [c, sc, bi] = packed_row(w, o);
+  switch (w.format) {
+    case WeightFormat::FP8: {
+      const float s = sc[0];
+      const __m256 s256 = _mm256_set1_ps(s * 256.f);  // exact: a power of two
+      int64_t j = 0;
+      for (; j + 8 <= in; j += 8) _mm256_storeu_ps(dst + j, _mm256_mul_ps(s256, fp8x8_scaled(c + j)));
+      for (; j < in; ++j) dst[j] = s * fp8_e4m3_to_f32(c[j]);
+      return;
+    }
+    case WeightFormat::Q8: {
+      for (int64_t g = 0; g < groups; ++g) {
+        const __m256 s = _mm256_set1_ps(sc[g]), b = _mm256_set1_ps(bi[g]);
+        int64_t j = g * G;
+        const int64_t end = (g + 1) * G;
+        for (; j + 8 <= end; j += 8) _mm256_storeu_ps(dst + j, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(bytes8(c + j)), b));
+        for (; j < end; ++j) dst[j] = std::fma(sc[g], float(c[j]), bi[g]);
+      }
+      return;
+    }
+    case WeightFormat::Q4: {  // groups of 16k columns: a block of 16 is 8 bytes, evens then odds
+      const __m256i low = _mm256_set1_epi32(15);
+      for (int64_t g = 0; g < groups; ++g) {
+        const __m256 s = _mm256_set1_ps(sc[g]), b = _mm256_set1_ps(bi[g]);
+        for (int64_t j = g * G; j < (g + 1) * G; j += 16) {
+          const __m256i v = bytes8(c + j / 2);
+          const __m256 even = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_and_si256(v, low)), b);
+          const __m256 odd = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), b);
+          // lanes: lo = columns 0–3 | 8–11, hi = 4–7 | 12–15
+          const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
+          _mm256_storeu_ps(dst + j, _mm256_permute2f128_ps(lo, hi, 0x20));
+          _mm256_storeu_ps(dst + j + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+        }
+      }
+      return;
+    }
+    case WeightFormat::Dense: break;
+  }
+}
 
 }  // namespace sala::cpu
