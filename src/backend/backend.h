@@ -81,6 +81,7 @@ struct Weight {
   void* biases = nullptr;   // CPU Q8/Q4: f32 [out, in/group]; otherwise null
   size_t packed_bytes = 0;  // packed: bytes a product reads (codes + scales + biases, with padding)
   bool q8_symmetric = false;  // CUDA Q8 per row, every bias −128·scale (symmetric int8; quant_gemv.cu)
+  bool zero_packed = false;   // CUDA grouped Q4: zero points packed into the f16 scales (quant_layout.h)
   std::shared_ptr<Buffer> storage;
   int64_t out() const { return w.rows; }
   int64_t in() const { return w.cols; }

@@ -26,6 +26,12 @@
 //   spends 0.0625 of its 0.5625 bytes per weight on them; in f16 0.03125 — 5.6% fewer bytes for
 //   a decode bound by them (in groups of 64: 10%), the layout MLX stores. The backends therefore
 //   multiply by the f16-rounded values (group_param, shared with the CPU backend).
+// Zero-packed (Q4 in groups whose every bias is −s·z, z an integer 0..15, and whose f16 scales
+//   end in four zero mantissa bits — what `sala quantize --format int4` writes with zero points:
+//   scales of 7 significant bits): {s(row g) | z, s(row g+8) | z} as two f16 words whose low 4 bits
+//   hold z (4 bytes per entry, the same index). The bias is −s·z again, exact in f32 (7 × 4
+//   significant bits), so the products are those of the 8-byte form bit for bit, from 0.515625
+//   bytes per weight in groups of 128 instead of 0.53125 (groups of 64: 0.53125 against 0.5625).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -60,17 +66,47 @@ constexpr int kTileBytes = 512;
 struct TileGeom {
   int fmt = kQ4;
   int64_t rows = 0, cols = 0, group = 0;  // group = cols: one per row
+  bool zpack = false;                     // grouped Q4: zero points packed into the scales (above)
   SALA_HD int64_t row_blocks() const { return (rows + 15) / 16; }
   SALA_HD int64_t ktiles() const { return (cols + tile_k(fmt) - 1) / tile_k(fmt); }
   SALA_HD int64_t groups() const { return cols / group; }
   SALA_HD int64_t code_bytes() const { return row_blocks() * ktiles() * kTileBytes; }
   SALA_HD bool grouped() const { return group < cols; }  // f16 parameters (else one f32 set per row)
-  SALA_HD int64_t param_bytes() const { return row_blocks() * groups() * 8 * (grouped() ? 8 : 16); }
+  SALA_HD int entry_bytes() const { return !grouped() ? 16 : zpack ? 4 : 8; }  // one (rb, gi, g) entry
+  SALA_HD int64_t param_bytes() const { return row_blocks() * groups() * 8 * entry_bytes(); }
 };
 
 // A grouped weight's scale or bias as the backends hold it: rounded to f16 (the tile layout's
 // storage; the CPU backend keeps the rounded value in f32, so both multiply by the same numbers).
 inline float group_param(float v) { return f16_to_f32(f32_to_f16(v)); }
+
+// Zero-packed entries: an f16 scale with z in its low 4 bits (s·z fits f16's 11 significant bits).
+constexpr uint16_t kZeroBits = 0xf;
+
+// Whether a grouped Q4 weight's parameters ([rows, groups] scales and biases, f16-rounded as
+// group_param holds them) take the zero-packed form: every scale an f16 with four zero low
+// mantissa bits (or 0) and every bias exactly −s·z for an integer z in 0..15.
+inline bool zero_pack_fits(int fmt, int64_t n, const float* scales, const float* biases) {
+  if (fmt != kQ4 || !biases) return false;
+  for (int64_t i = 0; i < n; ++i) {
+    const float s = group_param(scales[i]), b = group_param(biases[i]);
+    if (f32_to_f16(s) & kZeroBits) return false;
+    const float z = s != 0.f ? -b / s : 0.f;
+    if (!(z >= 0.f && z <= 15.f) || z != std::nearbyint(z) || -s * z != b) return false;
+  }
+  return true;
+}
+
+// A zero-packed entry's half: the scale's f16 bits with z below them.
+inline uint16_t zero_packed_half(float s, float b) {
+  const float z = s != 0.f ? -group_param(b) / group_param(s) : 0.f;
+  return uint16_t(f32_to_f16(s) | uint16_t(z));
+}
+// And back: {s, b = −s·z}.
+inline void zero_unpacked(uint16_t h, float* s, float* b) {
+  *s = f16_to_f32(uint16_t(h & ~kZeroBits));
+  *b = -*s * float(h & kZeroBits);
+}
 
 // Where (row, k) lives in the tile layout: byte offset and bit shift (0 or 4 for 4-bit).
 SALA_HD inline void code_slot(const TileGeom& g, int64_t row, int64_t k, int64_t* byte, int* shift) {
@@ -111,7 +147,8 @@ inline int64_t param_index(const TileGeom& g, int64_t rb, int64_t gi, int lg) {
 }
 
 // Interleaves scales/biases ([rows, groups], biases may be null = 0) into the parameter tiles
-// (dst: g.param_bytes() bytes): f32 per row, f16 (rounded to nearest even) for grouped weights.
+// (dst: g.param_bytes() bytes): f32 per row, f16 (rounded to nearest even) for grouped weights,
+// zero-packed where g.zpack (zero_pack_fits must hold).
 inline void tile_params(const TileGeom& g, const float* scales, const float* biases, uint8_t* dst) {
   std::memset(dst, 0, size_t(g.param_bytes()));
   const int64_t G = g.groups();
@@ -119,7 +156,10 @@ inline void tile_params(const TileGeom& g, const float* scales, const float* bia
     for (int64_t gi = 0; gi < G; ++gi) {
       const int64_t rr = r % 16, slot = param_index(g, r / 16, gi, int(rr % 8)) * 4 + (rr / 8) * 2;
       const float s = scales[r * G + gi], b = biases ? biases[r * G + gi] : 0.f;
-      if (g.grouped()) {
+      if (g.zpack) {
+        const uint16_t h = zero_packed_half(s, b);
+        std::memcpy(dst + slot, &h, 2);  // 4-byte entries: slot is the byte offset
+      } else if (g.grouped()) {
         const uint16_t h[2] = {f32_to_f16(s), f32_to_f16(b)};
         std::memcpy(dst + slot * 2, h, 4);
       } else {
@@ -133,7 +173,12 @@ inline void tile_params(const TileGeom& g, const float* scales, const float* bia
 // the parameter tiles, as f32 (host emulation and tests).
 inline void param_at(const TileGeom& g, const uint8_t* tiles, int64_t rb, int64_t gi, int lg, float out[4]) {
   const int64_t slot = param_index(g, rb, gi, lg) * 4;
-  if (g.grouped()) {
+  if (g.zpack) {
+    uint16_t h[2];
+    std::memcpy(h, tiles + slot, 4);
+    zero_unpacked(h[0], &out[0], &out[1]);
+    zero_unpacked(h[1], &out[2], &out[3]);
+  } else if (g.grouped()) {
     uint16_t h[4];
     std::memcpy(h, tiles + slot * 2, 8);
     for (int i = 0; i < 4; ++i) out[i] = f16_to_f32(h[i]);

@@ -144,6 +144,9 @@ float int4_scale(float s, bool zero_points) {
     int e;
     const float m = std::frexp(s, &e);  // s = m · 2^e, m in [0.5, 1)
     s = std::ldexp(std::ceil(m * 128.f) / 128.f, e);
+    // Below f16's normal range, a multiple of 2^-20: its f16 then ends in four zero bits too, which
+    // the CUDA backend's zero-packed parameters hold z in (quant_layout.h).
+    if (s < 0x1p-14f) s = std::ceil(s * 0x1p20f) * 0x1p-20f;
   }
   const float r = qlayout::group_param(s);
   SALA_CHECK(std::isfinite(r), "int4 group scale {} is beyond f16's range (weights that large are not a model's)", s);

@@ -398,7 +398,7 @@ std::string describe_weight_formats(const ModelConfig& c, const ModelWeights& mw
   for (const Weight* w : product_weights(c, mw)) {
     std::string key = w->packed() ? weight_format_name(w->format) : "dense " + std::string(dtype_name(w->w.dtype));
     if (w->format == WeightFormat::Q4 || (w->format == WeightFormat::Q8 && w->group != w->in()))
-      key += fmt::format(" (group {})", w->group);
+      key += fmt::format(" (group {}{})", w->group, w->zero_packed ? ", zero points packed in the scales" : "");
     else if (w->packed())
       key += " (per row)";
     counts[key]++;

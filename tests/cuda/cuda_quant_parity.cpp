@@ -105,17 +105,28 @@ const Fmt kFormats[] = {
     {"int4 g64 zp", QuantFormat::INT4, 64, true, 4}, {"int4 g32 sym", QuantFormat::INT4, 32, false, 4},
     {"mlx4 g64", QuantFormat::MLX, 64, false, 4},    {"mlx8 g32", QuantFormat::MLX, 32, false, 8},
     {"mlx8 g48", QuantFormat::MLX, 48, false, 8},    {"int4 g128 zp", QuantFormat::INT4, 128, true, 4},
+    {"mlx4 g128", QuantFormat::MLX, 128, false, 4},
 };
+
+// The parameter form the CUDA backend takes for a test format: grouped int4 with zero points
+// (quantized, or random with integer zero points) zero-packed; MLX, symmetric int4 and weights of
+// one group per row (in = group) the 8-byte (per row: f32) form.
+bool expect_zero_packed(const Fmt& f, int64_t in) {
+  return f.format == QuantFormat::INT4 && f.zero_points && f.group < in;
+}
 
 // The CUDA packed format of a test format (int4 zero points and symmetric: both Q4).
 WeightFormat packed_format(const Fmt& f) {
-  return f.format == QuantFormat::FP8    ? WeightFormat::FP8
-         : f.format == QuantFormat::INT8 ? WeightFormat::Q8
-                                         : WeightFormat::Q4;
+  return f.format == QuantFormat::FP8                                        ? WeightFormat::FP8
+         : f.format == QuantFormat::INT8 || (f.format == QuantFormat::MLX && f.bits == 8) ? WeightFormat::Q8
+                                                                                           : WeightFormat::Q4;
 }
 
 // Random canonical packed data (big shapes: quantize_matrix's fp8 search would take seconds).
-PackedMatrix random_packed(WeightFormat f, int64_t rows, int64_t cols, int64_t group, uint64_t seed) {
+// zero_points (Q4): scales of 7 significant bits and biases −s·z, z 7 or 8, as `sala quantize`
+// writes int4 with zero points; otherwise biases anywhere (affine, as MLX).
+PackedMatrix random_packed(WeightFormat f, int64_t rows, int64_t cols, int64_t group, uint64_t seed,
+                           bool zero_points = false) {
   PackedMatrix p;
   p.format = f, p.rows = rows, p.cols = cols, p.group = group;
   p.codes.resize(size_t(rows) * size_t(f == WeightFormat::Q4 ? cols / 2 : cols));
@@ -129,6 +140,14 @@ PackedMatrix random_packed(WeightFormat f, int64_t rows, int64_t cols, int64_t g
   qlayout::random_params(int(f), 1.0f / std::sqrt(float(cols)), &s0, &b0);
   for (size_t i = 0; i < np; ++i) {
     const float u = 0.75f + 0.5f * uniform01(seed, i);
+    if (f == WeightFormat::Q4 && zero_points) {
+      int e;
+      const float m = std::frexp(s0 * u, &e);
+      const float s = std::ldexp(std::ceil(m * 128.f) / 128.f, e);
+      p.scales.push_back(s);
+      p.biases.push_back(-s * float(7 + (splitmix64(seed + i) & 1)));
+      continue;
+    }
     p.scales.push_back(s0 * u);
     if (f != WeightFormat::FP8) p.biases.push_back(b0 * u);
   }
@@ -149,21 +168,26 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
   for (const Fmt& f : kFormats)
     for (const S& s : shapes) {
       if (f.group && s.in % f.group) continue;
-      // Big shapes: one int4 with tile groups, and group 32 (two groups per tile; at in = 16384 its
-      // parameters take more than 48 KB of shared memory).
-      if (s.big && (f.format == QuantFormat::MLX || (f.format == QuantFormat::INT4 && !f.zero_points && f.group != 32)))
+      // Big shapes: int4 with tile groups in both parameter forms (zero points: zero-packed; MLX
+      // 4-bit: 8 bytes), and group 32 (two groups per tile; at in = 16384 its parameters take more
+      // than 48 KB of shared memory).
+      if (s.big && ((f.format == QuantFormat::MLX && f.bits != 4) ||
+                    (f.format == QuantFormat::INT4 && !f.zero_points && f.group != 32)))
         continue;
       PackedMatrix pm;
       if (s.big) {  // the format's packed form directly
-        pm = random_packed(packed_format(f), s.out, s.in, f.group ? f.group : s.in, 31 + uint64_t(s.out));
+        pm = random_packed(packed_format(f), s.out, s.in, f.group ? f.group : s.in, 31 + uint64_t(s.out),
+                           f.zero_points);
       } else {
         const auto w = randn(size_t(s.out * s.in), 31 + uint64_t(s.out), 1.0f / std::sqrt(float(s.in)));
         pm = pack_matrix(quantize_matrix(w.data(), s.out, s.in, f.format, f.group, f.zero_points, f.bits));
       }
       const Weight wc = cpu.load_quantized_weight(pm.view(), f.name), wg = gpu.load_quantized_weight(pm.view(), f.name);
       const std::string shape = strf("%lldx%lld", (long long)s.out, (long long)s.in);
+      check(wg.zero_packed == expect_zero_packed(f, s.in), strf("parameter form %s %s", f.name, shape.c_str()),
+            wg.zero_packed ? "zero-packed" : "8-byte");
       if (!s.big) {  // the device tiling equals the host's
-        const qlayout::TileGeom geo{int(pm.format), pm.rows, pm.cols, pm.group};
+        const qlayout::TileGeom geo{int(pm.format), pm.rows, pm.cols, pm.group, wg.zero_packed};
         std::vector<uint8_t> host(size_t(geo.code_bytes())), dev(host.size());
         qlayout::tile_codes(geo, pm.codes.data(), host.data());
         std::vector<uint8_t> hp(size_t(geo.param_bytes())), dp(hp.size());
@@ -486,8 +510,9 @@ void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
   };
   for (const Shape& sh : {Shape{1000, 2048, 64}, Shape{4096, 4096, 128}, Shape{24, 4096, 2048}, Shape{4100, 8192, 256},
                           Shape{300, 16384, 128}, Shape{4096, 16384, 64}})
-    ring_case(random_packed(WeightFormat::Q4, sh.out, sh.in, sh.group, 501 + uint64_t(sh.out)), "int4", 5e-5,
-              {0, 2, 1000}, false, 502 + uint64_t(sh.in));
+    for (bool zp : {false, true})  // 8-byte and zero-packed parameters
+      ring_case(random_packed(WeightFormat::Q4, sh.out, sh.in, sh.group, 501 + uint64_t(sh.out), zp),
+                zp ? "int4 zero-packed" : "int4", 5e-5, {0, 2, 1000}, false, 502 + uint64_t(sh.in));
   // Per-row fp8, int8 (affine) and symmetric int8 (biases −128·scale: decoded as q − 128).
   for (const Shape& sh : {Shape{1000, 1024, 1024}, Shape{4096, 4096, 4096}, Shape{4100, 16384, 16384}})
     for (int kind = 0; kind < 3; ++kind) {
@@ -513,12 +538,12 @@ void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
     check(!cuda::qgemv_ring_applies(sa, 1) && !cuda::qgemv_ring_applies(sb, 1) && !cuda::qgemv_ring_applies(sc, 1),
           "ring GEMV not taken: int4 1024 columns, int4 group 32, int8 group 48", "register GEMV");
   }
-  // Grouped parts (q/k/v/z-like) and the MLP pair.
+  // Grouped parts (q/k/v/z-like; zero-packed, as `sala quantize` writes int4) and the MLP pair.
   const int64_t in = 4096;
   std::vector<Weight> wc, wg;
   const int64_t outs[] = {2048, 256, 264, 2048};
   for (size_t i = 0; i < 4; ++i) {
-    const PackedMatrix pm = random_packed(WeightFormat::Q4, outs[i], in, 128, 521 + i);
+    const PackedMatrix pm = random_packed(WeightFormat::Q4, outs[i], in, 128, 521 + i, true);
     wc.push_back(cpu.load_quantized_weight(pm.view(), "int4"));
     wg.push_back(gpu.load_quantized_weight(pm.view(), "int4"));
   }
@@ -532,9 +557,11 @@ void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
     WeightFormat wf;
     int64_t group;
     const char* name;
+    bool zp = false;
   };
-  for (const Pair& pf : {Pair{WeightFormat::Q4, 128, "int4"}, Pair{WeightFormat::FP8, in, "fp8"},
-                         Pair{WeightFormat::Q8, in, "int8"}, Pair{WeightFormat::Q8, 64, "int8 g64"}})
+  for (const Pair& pf : {Pair{WeightFormat::Q4, 128, "int4"}, Pair{WeightFormat::Q4, 128, "int4 zero-packed", true},
+                         Pair{WeightFormat::FP8, in, "fp8"}, Pair{WeightFormat::Q8, in, "int8"},
+                         Pair{WeightFormat::Q8, 64, "int8 g64"}})
   for (int64_t out : {int64_t(1000), int64_t(4608)}) {
     const WeightFormat wf = pf.wf;
     const int64_t group = pf.group;
@@ -553,7 +580,7 @@ void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
       b.download(act, y.data());
       return y;
     };
-    const PackedMatrix pg = random_packed(wf, out, in, group, 541), pu = random_packed(wf, out, in, group, 542);
+    const PackedMatrix pg = random_packed(wf, out, in, group, 541, pf.zp), pu = random_packed(wf, out, in, group, 542, pf.zp);
     const Weight gc = cpu.load_quantized_weight(pg.view(), name), uc = cpu.load_quantized_weight(pu.view(), name);
     const Weight gg = gpu.load_quantized_weight(pg.view(), name), ug = gpu.load_quantized_weight(pu.view(), name);
     const auto ref = run(cpu, gc, uc, DType::F32, false);
@@ -561,6 +588,41 @@ void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
     const double e = rel_err(fused, ref);
     check(e < 1e-2 && fused == unfused, strf("%s ring GEMV gate/up + silu*mul 2x%lld", name, (long long)out),
           strf("rel %.2e; %s", e, fused == unfused ? "equal to ring GEMV + silu_mul" : "DIFFERS from ring GEMV + silu_mul"));
+  }
+}
+
+// Zero-packed int4 parameters (quant_layout.h) give the 8-byte form's products bit for bit on every
+// path: the same matrix loaded both ways (cuda::set_zero_pack), N from the ring GEMV's 1 through
+// the register GEMV, the batched kernel, the fused GEMM to the dequantize path, and --int8-prefill's
+// requantization.
+void test_zero_packed(CudaBackend& gpu) {
+  struct Shape {
+    int64_t out, in, group;
+  };
+  for (const Shape& sh : {Shape{129, 768, 64}, Shape{4096, 4096, 128}, Shape{1000, 16384, 64}, Shape{4100, 8192, 256}}) {
+    const PackedMatrix pm = random_packed(WeightFormat::Q4, sh.out, sh.in, sh.group, 801 + uint64_t(sh.out), true);
+    const Weight packed = gpu.load_quantized_weight(pm.view(), "int4 zero-packed");
+    cuda::set_zero_pack(false);
+    const Weight wide = gpu.load_quantized_weight(pm.view(), "int4 8-byte");
+    cuda::set_zero_pack(true);
+    const std::string shape = strf("%lldx%lld g%lld", (long long)sh.out, (long long)sh.in, (long long)sh.group);
+    check(packed.zero_packed && !wide.zero_packed && packed.nbytes() < wide.nbytes(),
+          "zero-packed int4 " + shape + " takes fewer bytes",
+          strf("%zu against %zu bytes", packed.nbytes(), wide.nbytes()));
+    for (int64_t n : {1, 2, 8, 16, 32, 64, 256, 512}) {
+      const auto x = randn(size_t(n * sh.in), 803 + uint64_t(n));
+      const auto a = run_matmul(gpu, packed, x, n, DType::BF16, DType::F32);
+      const auto b = run_matmul(gpu, wide, x, n, DType::BF16, DType::F32);
+      check(a == b, strf("zero-packed int4 %s N=%lld equals the 8-byte form", shape.c_str(), (long long)n),
+            a == b ? "bit for bit" : strf("DIFFERS: rel %.2e", rel_err(a, b)));
+    }
+    const auto x = randn(size_t(512 * sh.in), 809);  // --int8-prefill: the rows requantized from the codes
+    gpu.set_int8_prefill(true);
+    const auto a = run_matmul(gpu, packed, x, 512, DType::BF16, DType::F32);
+    const auto b = run_matmul(gpu, wide, x, 512, DType::BF16, DType::F32);
+    gpu.set_int8_prefill(false);
+    check(a == b, strf("zero-packed int4 %s N=512 --int8-prefill equals the 8-byte form", shape.c_str()),
+          a == b ? "bit for bit" : strf("DIFFERS: rel %.2e", rel_err(a, b)));
   }
 }
 
@@ -950,6 +1012,7 @@ void test_quant_parity(int& pass, int& fail) {
     test_qgemv_prefetch(cpu, gpu);
     test_qgemv_ring(cpu, gpu);
     test_q8_symmetric(cpu, gpu);
+    test_zero_packed(gpu);
     test_matmul_silu_mul(cpu, gpu);
     test_fp8_prefill(cpu, gpu);
     test_int8_prefill(cpu, gpu);

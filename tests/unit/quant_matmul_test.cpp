@@ -427,7 +427,10 @@ void decode_a(int fmt, const uint32_t c[4], int j, uint32_t a[4]) {
 // qgemv_kernel of quant_gemv.cu, warp by warp and lane by lane (kU tiles per iteration).
 std::vector<float> emulate_qgemv(const QuantMatrixView& q, const std::vector<float>& x, int N, int W) {
   const int fmt = int(q.format), KT = tile_k(fmt), MT = KT / 16, kU = 4;
-  const TileGeom geo{fmt, q.rows, q.cols, q.group};
+  // The parameter form the CUDA backend picks (zero-packed where it fits).
+  const bool zpack = q.group < q.cols && zero_pack_fits(fmt, int64_t(q.scales.size()), q.scales.data(),
+                                                        q.biases.empty() ? nullptr : q.biases.data());
+  const TileGeom geo{fmt, q.rows, q.cols, q.group, zpack};
   std::vector<uint8_t> tiles(size_t(geo.code_bytes()));
   tile_codes(geo, q.codes.data(), tiles.data());
   std::vector<uint8_t> params(size_t(geo.param_bytes()));
@@ -530,6 +533,53 @@ TEST(QuantTileLayout, DecodersAreExact) {
       EXPECT_EQ(bf16_to_f32(uint16_t(r)), 128.f + float(v));
       EXPECT_EQ(bf16_to_f32(uint16_t(r >> 16)), 128.f + float(15 - v));
     }
+}
+
+// Zero-packed parameters (int4 with zero points as `sala quantize` writes it): chosen exactly where
+// every bias is −s·z, half the bytes, and the same values as the 8-byte form.
+TEST(QuantTileLayout, ZeroPackedParams) {
+  const auto w = randn(size_t(40 * 256), 5, 0.05f);
+  for (int group : {64, 128}) {
+    const PackedMatrix pm = pack_matrix(quantize_matrix(w.data(), 40, 256, QuantFormat::INT4, group, true, 4));
+    const int64_t n = int64_t(pm.scales.size());
+    ASSERT_TRUE(zero_pack_fits(kQ4, n, pm.scales.data(), pm.biases.data())) << group;
+    const TileGeom wide{kQ4, 40, 256, group}, packed{kQ4, 40, 256, group, true};
+    EXPECT_EQ(packed.param_bytes() * 2, wide.param_bytes());
+    std::vector<uint8_t> pw(size_t(wide.param_bytes())), pp(size_t(packed.param_bytes()));
+    tile_params(wide, pm.scales.data(), pm.biases.data(), pw.data());
+    tile_params(packed, pm.scales.data(), pm.biases.data(), pp.data());
+    for (int64_t rb = 0; rb < wide.row_blocks(); ++rb)
+      for (int64_t gi = 0; gi < wide.groups(); ++gi)
+        for (int lg = 0; lg < 8; ++lg) {
+          float a[4], b[4];
+          param_at(wide, pw.data(), rb, gi, lg, a);
+          param_at(packed, pp.data(), rb, gi, lg, b);
+          for (int i = 0; i < 4; ++i) ASSERT_EQ(a[i], b[i]) << "group " << group << " rb " << rb << " gi " << gi;
+        }
+    // Not packable: a bias off the −s·z grid, a scale with more than 7 significant bits.
+    std::vector<float> sc(pm.scales), bi(pm.biases);
+    bi[3] += 0.25f * sc[3];
+    EXPECT_FALSE(zero_pack_fits(kQ4, n, sc.data(), bi.data()));
+    bi = pm.biases, sc[5] = f16_to_f32(uint16_t(f32_to_f16(sc[5]) | 1u)), bi[5] = -sc[5] * 8.f;
+    EXPECT_FALSE(zero_pack_fits(kQ4, n, sc.data(), bi.data()));
+  }
+  // Symmetric int4 (full-precision f16 scales), MLX affine and 8-bit weights keep the 8-byte form.
+  const PackedMatrix sym = pack_matrix(quantize_matrix(w.data(), 40, 256, QuantFormat::INT4, 64, false, 4));
+  EXPECT_FALSE(zero_pack_fits(kQ4, int64_t(sym.scales.size()), sym.scales.data(), sym.biases.data()));
+  const PackedMatrix mlx = pack_matrix(quantize_matrix(w.data(), 40, 256, QuantFormat::MLX, 64, false, 4));
+  EXPECT_FALSE(zero_pack_fits(kQ4, int64_t(mlx.scales.size()), mlx.scales.data(), mlx.biases.data()));
+  const PackedMatrix q8 = pack_matrix(quantize_matrix(w.data(), 40, 256, QuantFormat::MLX, 64, false, 8));
+  EXPECT_FALSE(zero_pack_fits(kQ8, int64_t(q8.scales.size()), q8.scales.data(), q8.biases.data()));
+  // The ring GEMV's folded biases (quant_gemv_ring.cu): −s·(1024 + z), −s·(64 + z) from the bits of
+  // 1024 + z and 64 + z, exactly what fma(−1024, s, −s·z) and fma(−64, s, −s·z) give.
+  for (uint32_t z = 0; z < 16; ++z) {
+    EXPECT_EQ(bits_to_float(0x44800000u | (z << 13)), 1024.f + float(z));
+    EXPECT_EQ(bits_to_float(0x42800000u | (z << 17)), 64.f + float(z));
+    for (float s : {3.0517578e-5f, 0.0078125f, 0.01171875f, 1.984375f}) {
+      EXPECT_EQ(-s * (1024.f + float(z)), std::fma(-1024.f, s, -s * float(z)));
+      EXPECT_EQ(-s * (64.f + float(z)), std::fma(-64.f, s, -s * float(z)));
+    }
+  }
 }
 
 // The decode GEMV's arithmetic on the tile layout equals the CPU packed matmul: per-row groups

@@ -181,7 +181,7 @@ class CudaBackend final : public Backend {
   // where the split does not apply (cuda_quant.cpp).
   float* qsplit_workspace(int64_t n, int64_t rows, size_t* floats);
   int qgemv_warps() const;
-  Weight alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group);
+  Weight alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group, bool zpack);
   const float* inv_freq(double theta, int head_dim);
   cuda::GlaArgs gla_args(int layer, const Mat& q, const Mat& k, const Mat& v, const Mat& out) const;
   void clear_graphs();

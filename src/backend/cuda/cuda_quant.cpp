@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -81,11 +82,21 @@ void check_packable(WeightFormat f, int64_t rows, int64_t cols, int64_t group, c
 }  // namespace
 
 cuda::QWeight CudaBackend::qweight(const Weight& w) {
-  return {int(w.format), w.w.data, w.scales, w.out(), w.in(), w.group, int(w.q8_symmetric)};
+  return {int(w.format), w.w.data, w.scales, w.out(), w.in(), w.group, int(w.q8_symmetric), int(w.zero_packed)};
 }
 
-Weight CudaBackend::alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group) {
-  const qlayout::TileGeom geo{fmt, rows, cols, group};
+// Grouped int4 whose biases are −s·z takes the zero-packed parameter form (quant_layout.h: 4 bytes
+// per entry instead of 8, the same products). SALA_CUDA_ZPACK=0 keeps the 8-byte form (A/B runs);
+// cuda::set_zero_pack for tests.
+static bool g_zero_pack = [] {
+  const char* e = std::getenv("SALA_CUDA_ZPACK");
+  return !(e && std::string(e) == "0");
+}();
+static bool zero_pack_enabled() { return g_zero_pack; }
+void cuda::set_zero_pack(bool on) { g_zero_pack = on; }
+
+Weight CudaBackend::alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group, bool zpack) {
+  const qlayout::TileGeom geo{fmt, rows, cols, group, zpack};
   const size_t code_bytes = size_t(geo.code_bytes()), param_bytes = size_t(geo.param_bytes());
   Weight w;
   w.storage = alloc(align256(code_bytes) + param_bytes);
@@ -94,6 +105,7 @@ Weight CudaBackend::alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t gr
   w.format = WeightFormat(fmt);
   w.group = group;
   w.scales = base + align256(code_bytes);
+  w.zero_packed = zpack;
   w.packed_bytes = code_bytes + param_bytes;  // padding rows/columns included: a product reads them
   if (qscratch_.capacity() == 0) qscratch_.reserve(qscratch_bytes());
   cuda::qgemm_available();  // probed here, outside any graph capture
@@ -103,8 +115,11 @@ Weight CudaBackend::alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t gr
 Weight CudaBackend::load_quantized_weight(const QuantMatrixView& q, const std::string& name) {
   q.validate(name);
   check_packable(q.format, q.rows, q.cols, q.group, name);
-  Weight w = alloc_packed(int(q.format), q.rows, q.cols, q.group);
-  const qlayout::TileGeom geo{int(q.format), q.rows, q.cols, q.group};
+  const bool zpack = zero_pack_enabled() && q.group < q.cols &&
+                     qlayout::zero_pack_fits(int(q.format), int64_t(q.scales.size()), q.scales.data(),
+                                             q.biases.empty() ? nullptr : q.biases.data());
+  Weight w = alloc_packed(int(q.format), q.rows, q.cols, q.group, zpack);
+  const qlayout::TileGeom geo{int(q.format), q.rows, q.cols, q.group, zpack};
   // Codes: the canonical rows go up as they are and are tiled on the device.
   auto staging = alloc(q.code_bytes());
   SALA_CUDA_CHECK(cudaMemcpyAsync(staging->data(), q.codes.data(), q.code_bytes(), cudaMemcpyHostToDevice, stream_));
@@ -127,7 +142,9 @@ Weight CudaBackend::random_quantized_weight(WeightFormat format, int64_t rows, i
   SALA_CHECK(group > 0 && cols % group == 0, "cuda random_quantized_weight: group {} does not divide {} columns", group,
              cols);
   check_packable(format, rows, cols, group, "random weight");
-  Weight w = alloc_packed(int(format), rows, cols, group);
+  // Random int4 groups have integer zero points (launch_qrandom): zero-packed like a quantized checkpoint's.
+  Weight w = alloc_packed(int(format), rows, cols, group,
+                          zero_pack_enabled() && format == WeightFormat::Q4 && group < cols);
   float s, b;
   qlayout::random_params(int(format), std, &s, &b);
   w.q8_symmetric = format == WeightFormat::Q8 && group == cols && b == -128.f * s;  // each row scales both by f

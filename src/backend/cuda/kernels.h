@@ -131,9 +131,10 @@ void launch_gemv_set(const void* x, Dt dtx, int64_t ldx, GemvSet set, int64_t in
 struct QWeight {
   int fmt;              // qlayout::kFP8, kQ8, kQ4
   const void* codes;    // tile layout
-  const void* params;   // tiles {s, b, s, b}: f32 per row, f16 grouped (quant_layout.h)
+  const void* params;   // tiles {s, b, s, b}: f32 per row, f16 grouped, or zero-packed (quant_layout.h)
   int64_t out, in, group;  // group == in: one scale per row
   int sym = 0;  // Q8 per row, every bias −128·scale (symmetric int8): the GEMV decodes q − 128, no Σx
+  int zpack = 0;  // grouped Q4: zero points packed into the f16 scales, 4-byte entries (quant_layout.h)
 };
 // y[n, o] = Σ_i x[n, i] · W[o, i] for n < N ≤ 8, decoding the tiles in registers (bf16 mma,
 // fp32 accumulation, scales and biases applied in fp32 per group). x bf16, 8-byte aligned rows
@@ -154,6 +155,9 @@ void launch_qgemv(const QWeight& w, const void* x, int64_t ldx, void* y, Dt dty,
 // benchmarks); qgemm_unfit says why a shape or build cannot take it (empty: it can);
 // qgemm_available: the build has sm_90a code for this GPU.
 bool qgemm_preferred(const QWeight& w, int N);
+// Whether later loads of grouped int4 with integer zero points take the zero-packed parameter form
+// (default on; SALA_CUDA_ZPACK=0 off): tests load one matrix both ways (cuda_quant.cpp).
+void set_zero_pack(bool on);
 bool qgemm_available();
 std::string qgemm_unfit(const QWeight& w, const void* x, int64_t ldx);
 // split_ws (f32, qgemm_split_floats(w, N) of them; null: no split): where one token tile's row tiles

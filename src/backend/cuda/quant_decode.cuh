@@ -99,10 +99,32 @@ __device__ __forceinline__ float4 gparam_f32(uint2 h) {
   const float2 a = f16x2_to_float2(h.x), b = f16x2_to_float2(h.y);
   return make_float4(a.x, a.y, b.x, b.y);
 }
+// A zero-packed entry {s|z (row g), s|z (row g + 8)} (QWeight::zpack) as {s, −s·z, s, −s·z}: the
+// values of the 8-byte form exactly (s has 7 significant bits, z 4).
+__device__ __forceinline__ float4 zparam_f32(uint32_t e) {
+  const float2 s = f16x2_to_float2(e & 0xFFF0FFF0u);
+  return make_float4(s.x, -s.x * float(e & 15u), s.y, -s.y * float((e >> 16) & 15u));
+}
+// A grouped entry as loaded: the 8-byte form, or (zp) the zero-packed word in x.
+__device__ __forceinline__ float4 gparam_f32(uint2 raw, bool zp) { return zp ? zparam_f32(raw.x) : gparam_f32(raw); }
+__device__ __forceinline__ uint32_t ld_nc_u32(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
+  return v;
+}
+// Entry i ((rb·groups + gi)·8 + g) of a grouped weight's parameter tiles, whichever the form.
+__device__ __forceinline__ uint2 ld_gparam(const void* params, bool zp, int64_t i) {
+  return zp ? make_uint2(ld_nc_u32(static_cast<const uint32_t*>(params) + i), 0u)
+            : ld_gparam(static_cast<const uint2*>(params) + i);
+}
+// The same from parameter tiles staged in shared memory.
+__device__ __forceinline__ uint2 gparam_smem(const void* params, bool zp, int i) {
+  return zp ? make_uint2(static_cast<const uint32_t*>(params)[i], 0u) : static_cast<const uint2*>(params)[i];
+}
 // The parameters of (row block rb, group gi, lane group g), whichever the layout.
-__device__ __forceinline__ float4 param_at(const void* params, bool grouped, int64_t rb, int64_t groups, int64_t gi,
-                                           int g) {
-  return grouped ? gparam_f32(ld_gparam(static_cast<const uint2*>(params) + (rb * groups + gi) * 8 + g))
+__device__ __forceinline__ float4 param_at(const void* params, bool grouped, bool zp, int64_t rb, int64_t groups,
+                                           int64_t gi, int g) {
+  return grouped ? gparam_f32(ld_gparam(params, zp, (rb * groups + gi) * 8 + g), zp)
                  : ld_row_param(params, rb, g);  // per row: groups = 1, gi = 0
 }
 

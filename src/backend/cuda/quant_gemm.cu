@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(BN))
   const bool per_row = w.group == w.in;
   const uint4* codes = static_cast<const uint4*>(w.codes) + (live ? rb : 0) * (w.in / KT) * 32 + lane;
   const int64_t prb = live ? rb : 0;  // parameter tiles: f32 per row, f16 grouped (quant_layout.h)
-  const uint2* params = static_cast<const uint2*>(w.params) + prb * (w.in / w.group) * 8 + g;
+  const int64_t pidx = prb * (w.in / w.group) * 8 + g;  // grouped: entry pidx + 8·gi (f16 or zero-packed)
 
   // This thread's share of stage s's x tile into its buffer (rows past N zero-filled).
   auto copy_x = [&](int s) {
@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(BN))
     if (live && s < stages) {
 #pragma unroll
       for (int i = 0; i < CT; ++i) c[i] = ld_stream(codes + (int64_t(sbeg + s) * CT + i) * 32);
-      if (!per_row) p = gparam_f32(ld_gparam(params + int64_t(sbeg + s) * kBK / w.group * 8));
+      if (!per_row) p = gparam_f32(ld_gparam(w.params, w.zpack, pidx + int64_t(sbeg + s) * kBK / w.group * 8), w.zpack);
     } else {
 #pragma unroll
       for (int i = 0; i < CT; ++i) c[i] = make_uint4(0, 0, 0, 0);
@@ -532,7 +532,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       if (s >= stages) return;
 #pragma unroll
       for (int r = 0; r < 2; ++r)
-        pp[r] = param_at(w.params, !per_row, prb[r], w.in / w.group, int64_t(sbeg + s) * kBK / w.group, g);
+        pp[r] = param_at(w.params, !per_row, w.zpack, prb[r], w.in / w.group, int64_t(sbeg + s) * kBK / w.group, g);
     };
     auto decode = [&](uint32_t stage, const float4 (&pp)[2]) {
       const uint32_t a_tile = stage, code_slot = stage + kABytes + kXBytes + uint32_t(2 * pw) * kRbBytes + 16 * lane;

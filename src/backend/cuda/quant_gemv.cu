@@ -259,14 +259,18 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   const int rbs = int((w.out + 15) / 16), rb0 = pb.rb0;
   const bool per_row = PR || G == in;               // one flush at the end
   const uint4* codes[R];
-  const uint2* params[R];  // grouped: f16 tiles (quant_layout.h)
+  const void* params[R];  // grouped: f16 or zero-packed tiles (quant_layout.h), entry pidx[r] + 8·gi
+  int64_t pidx[R];
+  bool zp[R];
   float4 prow[R];          // per row: the f32 tile, for good
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const QWeight& wr = ACT ? set.part[r].w : w;
     const int rb = ACT ? rb0 : min(rb0 + r, rbs - 1);  // a missing second row block re-reads the last one (not stored)
     codes[r] = static_cast<const uint4*>(wr.codes) + size_t(rb) * size_t(ktiles) * 32 + lane;
-    params[r] = static_cast<const uint2*>(wr.params) + size_t(rb) * size_t(groups) * 8 + g;
+    params[r] = wr.params;
+    pidx[r] = int64_t(rb) * groups * 8 + g;
+    zp[r] = wr.zpack;
     prow[r] = per_row ? ld_row_param(wr.params, rb, g) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   const bool tile_group = TG == 1 || (!per_row && G % KT == 0);  // every tile inside one group: flush per tile
@@ -274,8 +278,8 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   const uint32_t tpg = tile_group ? uint32_t(G / KT) : 1u, G32 = uint32_t(G);
   const int tpg_shift = (tpg & (tpg - 1)) == 0 ? __ffs(int(tpg)) - 1 : -1;
   const int step = W * U, stages = (ktiles + step - 1) / step;
-  // SP: row block r's f16 parameters of group gi and lane group g at sp[(r·groups + gi)·8 + g].
-  uint2* sp = reinterpret_cast<uint2*>(dyn_smem);
+  // SP: row block r's parameters of group gi and lane group g: entry gi·8 + g of sp_r(r).
+  auto sp_r = [&](int r) { return reinterpret_cast<const uint8_t*>(dyn_smem) + size_t(r) * groups * 64; };
   uint2* xh = reinterpret_cast<uint2*>(dyn_smem + (SP ? R * groups * 4 : 0));  // XH: x[0, 4i..4i+3]·kXhScale as f16
   uint4* const pa = reinterpret_cast<uint4*>(xh) + xh_pieces(in);  // PA: row block r's tiles at pa[r·ktiles·32 ..]
 
@@ -292,7 +296,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         cw[r][u] = !ok ? zero4 : PA ? pa[(r * ktiles + k) * 32 + lane] : ld_stream(codes[r] + k * 32);
-        pt[r][u] = !LP && !SP && tile_group && ok ? ld_gparam(params[r] + gi * 8) : zero2;
+        pt[r][u] = !LP && !SP && tile_group && ok ? ld_gparam(params[r], zp[r], pidx[r] + gi * 8) : zero2;
       }
     }
   };
@@ -301,9 +305,10 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   // requested before the wait.
   if constexpr (SP) {
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-      cp_async_pieces<W * 32>(reinterpret_cast<uint4*>(sp) + r * groups * 4,
-                              reinterpret_cast<const uint4*>(params[r] - g), groups * 4);
+    for (int r = 0; r < R; ++r)  // the row block's entries: 64 bytes per group, zero-packed 32
+      cp_async_pieces<W * 32>(reinterpret_cast<uint4*>(dyn_smem) + r * groups * 4,
+                              static_cast<const uint4*>(params[r]) + (pidx[r] - g) / (zp[r] ? 4 : 2),
+                              groups * (zp[r] ? 2 : 4));
     cp_async_commit();
   }
   __shared__ uint64_t pa_bar;  // PA (sm_90): completes when the code block has landed
@@ -380,7 +385,9 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
         const uint32_t gi = tpg_shift >= 0 ? uint32_t(k) >> tpg_shift : uint32_t(k) / tpg;
 #pragma unroll
         for (int r = 0; r < R; ++r)
-          lp[r] = !tile_group ? zero2 : SP ? sp[(r * groups + int(gi)) * 8 + g] : ld_gparam(params[r] + gi * 8);
+          lp[r] = !tile_group ? zero2
+                  : SP        ? gparam_smem(sp_r(r), zp[r], int(gi) * 8 + g)
+                              : ld_gparam(params[r], zp[r], pidx[r] + gi * 8);
       }
       // A tile inside the matrix (always, for tile groups) loads x and runs its mma steps without
       // a bounds test per step: the tests' branches also put a WARPSYNC before every mma.sync.
@@ -416,7 +423,9 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
           const uint32_t gi = TG == 2 ? 2u * uint32_t(k) + uint32_t(j >> 1) : uint32_t(k0) / G32;
 #pragma unroll
           for (int r = 0; r < R; ++r)
-            flush(r, gparam_f32(SP ? sp[(r * groups + int(gi)) * 8 + g] : ld_gparam(params[r] + gi * 8)));
+            flush(r, gparam_f32(SP ? gparam_smem(sp_r(r), zp[r], int(gi) * 8 + g)
+                                   : ld_gparam(params[r], zp[r], pidx[r] + gi * 8),
+                                zp[r]));
           clear_cx();
         }
       };
@@ -432,7 +441,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
       }
       if (tile_group) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) flush(r, gparam_f32(LP || SP ? lp[r] : pt[r][u]));
+        for (int r = 0; r < R; ++r) flush(r, gparam_f32(LP || SP ? lp[r] : pt[r][u], zp[r]));
         clear_cx();
       }
     }
@@ -523,7 +532,8 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
   const int rbs = int((w.out + 15) / 16), rb = pb.rb0 + r;
   const int rbc = min(rb, rbs - 1);  // a warp past the last row block re-reads it (not stored)
   const uint4* codes = static_cast<const uint4*>(w.codes) + size_t(rbc) * size_t(ktiles) * 32 + lane;
-  const uint2* params = static_cast<const uint2*>(w.params) + size_t(rbc) * size_t(groups) * 8 + g;  // grouped: f16
+  const int64_t pidx = int64_t(rbc) * groups * 8 + g;  // grouped: entry pidx + 8·gi (f16 or zero-packed)
+  const bool zp = w.zpack;
   constexpr bool per_row = PR;  // one scale per row (G == in): one flush at the end
   const int tpg = per_row ? 1 : G / KT;  // tiles per group (tile groups)
   // This CTA's chunks: [c0, c0 + chunks) of the split blockIdx.y (the launcher divides exactly).
@@ -538,7 +548,7 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
     for (int i = 0; i < kBatchTiles; ++i) {
       const int k = c * kBatchTiles * KS + ks + KS * i;
       cw[i] = ld_stream(codes + size_t(k) * 32);
-      pt[i] = per_row ? make_uint2(0, 0) : ld_gparam(params + (k / tpg) * 8);
+      pt[i] = per_row ? make_uint2(0, 0) : ld_gparam(w.params, zp, pidx + (k / tpg) * 8);
     }
   };
   // x columns [c·KC, (c+1)·KC) of the N rows into buffer b (rows ≥ N: zeros, never stored).
@@ -599,7 +609,7 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
       // Tile groups: flush when this warp's next tile (k + KS) lies in another group or split (a
       // group's tiles may be spread over warps and splits: each flushes its own part with the
       // group's scales, which is linear in the sums).
-      if (!per_row && (k / tpg != (k + KS) / tpg || k + KS >= k_end)) flush(gparam_f32(pt[i]));
+      if (!per_row && (k / tpg != (k + KS) / tpg || k + KS >= k_end)) flush(gparam_f32(pt[i], zp));
     }
   };
 
@@ -703,7 +713,7 @@ __device__ __forceinline__ void piece_values(const QWeight& w, int64_t rb, uint3
   for (int j = 0; j < MT; ++j) {
     const uint32_t k = kt * KT + 16 * j + 4 * t;
     if (k >= w.in) break;
-    const float4 p = param_at(w.params, G < w.in, rb, groups, (k - 4 * t) / G, g);
+    const float4 p = param_at(w.params, G < w.in, w.zpack, rb, groups, (k - 4 * t) / G, g);
 #pragma unroll
     for (int r8 = 0; r8 < 2; ++r8) {
       float v[4];
@@ -836,14 +846,26 @@ __global__ void qrandom_params_kernel(QWeight w, void* params, float scale, floa
     const int g = int(i % 8);
     const int64_t gi = (i / 8) % groups, rb = i / 8 / groups;
     float p[4];
+    uint32_t packed = 0;  // zero-packed entry
 #pragma unroll
     for (int r8 = 0; r8 < 2; ++r8) {
       const int64_t row = rb * 16 + g + 8 * r8;
-      const float f = 0.75f + 0.5f * uniform01(seed ^ 0x5ca1eull, uint64_t(row * groups + gi));
+      const uint64_t at = uint64_t(row * groups + gi);
+      const float f = 0.75f + 0.5f * uniform01(seed ^ 0x5ca1eull, at);
       p[2 * r8] = row < w.out ? scale * f : 0.f;
       p[2 * r8 + 1] = row < w.out ? bias * f : 0.f;
+      if (w.fmt == kQ4 && w.group < w.in) {
+        // As `sala quantize` writes int4 with zero points (its bias −s·z exact in f16): the scale
+        // rounded up to 7 significant bits, z 7 or 8 (codes centred like the bias above).
+        const float s7 = __uint_as_float((__float_as_uint(p[2 * r8]) + 0x1ffffu) & ~0x1ffffu);
+        const uint32_t z = 7u + uint32_t(splitmix64(seed ^ 0x2e40ull ^ at) & 1u);
+        p[2 * r8] = s7, p[2 * r8 + 1] = -s7 * float(z);
+        packed |= (uint32_t(__half_as_ushort(__float2half_rn(s7))) | (row < w.out ? z : 0u)) << (16 * r8);
+      }
     }
-    if (w.group < w.in) {  // f16 tiles (quant_layout.h)
+    if (w.zpack) {
+      static_cast<uint32_t*>(params)[i] = packed;
+    } else if (w.group < w.in) {  // f16 tiles (quant_layout.h)
       const __half2 a = __floats2half2_rn(p[0], p[1]), b = __floats2half2_rn(p[2], p[3]);
       static_cast<uint2*>(params)[i] =
           make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
@@ -1333,7 +1355,7 @@ void launch_qtile(const QWeight& w, const void* canonical, void* tiles, cudaStre
 
 void launch_qrandom(const QWeight& w, void* codes, void* params, float scale, float bias, uint64_t seed,
                     cudaStream_t st) {
-  const TileGeom geo{w.fmt, w.out, w.in, w.group};
+  const TileGeom geo{w.fmt, w.out, w.in, w.group, bool(w.zpack)};
   const int64_t words = geo.code_bytes() / 4, np = geo.row_blocks() * geo.groups() * 8;
   qrandom_codes_kernel<<<grid_for(words, 256, 132 * 16), 256, 0, st>>>(static_cast<uint32_t*>(codes), words,
                                                                        w.fmt == kFP8, seed);

@@ -116,8 +116,8 @@ __device__ __forceinline__ void unit_block(const QGemvSet& s, int u, int r, int*
 // wrong) — what the ring moves without the arithmetic. PAIR (grouped, a consumer warp's two tiles
 // of a chunk in one group: kQ4 in groups of ≥ 128 columns, kQ8G of ≥ 64): the pair's mma sums are
 // flushed once, with the pair's Σx — half the parameter loads, conversions and flushes of the
-// per-tile path.
-template <int FMT, bool ACT, bool LOADS_ONLY = false, bool PAIR = false>
+// per-tile path. ZP (kQ4): zero-packed parameters, 4 bytes per entry (QWeight::zpack; every part).
+template <int FMT, bool ACT, bool LOADS_ONLY = false, bool PAIR = false, bool ZP = false>
 __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kernel(const RingArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int R = ACT ? 2 : 1;
@@ -130,7 +130,9 @@ __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kern
   __shared__ float xtotal;  // kQ8: Σx of the whole row
   const QGemvSet& set = a.set;
   const int in = int(set.part[0].w.in), G = int(set.part[0].w.group);
-  const int ktiles = in / KT, groups = in / G, cpr = in / CC, pbytes = kGrouped ? CC / G * 64 : 0;
+  constexpr int kEntry = ZP ? 4 : 8;  // bytes of a grouped (rb, gi, g) parameter entry
+  static_assert(!ZP || FMT == kQ4, "qgemv ring ZP: int4 only");
+  const int ktiles = in / KT, groups = in / G, cpr = in / CC, pbytes = kGrouped ? CC / G * 8 * kEntry : 0;
   const int gshift = __ffs(G) - 1;  // grouped: G is a power of two (it divides the chunk's columns)
   const int slots = a.slots;
   uint8_t* const ring = smem;
@@ -159,7 +161,7 @@ __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kern
         unit_block<ACT>(set, u, r, &part, &rb);
         const QWeight& w = set.part[part].w;
         const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + size_t(rb) * size_t(ktiles) * kTileBytes;
-        const uint8_t* params = static_cast<const uint8_t*>(w.params) + size_t(rb) * size_t(groups) * 64;  // f16 tiles
+        const uint8_t* params = static_cast<const uint8_t*>(w.params) + size_t(rb) * size_t(groups) * 8 * kEntry;
         for (int cc = 0; cc < cpr; ++cc, ++it) {
           if (it == a.pre) grid_dep_wait();  // the rest once the kernels before have finished
           if (it >= slots) mbar_wait(empty + 8 * s, phase);
@@ -227,7 +229,7 @@ __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kern
       for (int cc = 0; cc < cpr; ++cc) {
         mbar_wait(full + 8 * s, phase);
         const uint8_t* slot = ring + size_t(s) * kSlotBytes<FMT>;
-        float4 p;  // grouped: the (pair's) group parameters
+        float4 p;  // grouped: the (pair's) group parameters (ZP: kQ4's folded s0, b0, s1, b1 below)
         float sx;  // and Σx of its columns
 #pragma unroll
         for (int q = 0; q < kWarpTiles; ++q) {
@@ -240,8 +242,16 @@ __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kern
           if constexpr (kGrouped) {
             const bool first = !PAIR || q == 0, last = !PAIR || q == kWarpTiles - 1;  // folded: q unrolled
             if (first) {
-              const uint8_t* pg = slot + kChunkCodeBytes + (((tile * KT) >> gshift) * 8 + g) * 8;  // f16 {s, b, s, b}
-              p = gparam_f32(*reinterpret_cast<const uint2*>(pg));
+              const uint8_t* pg = slot + kChunkCodeBytes + (((tile * KT) >> gshift) * 8 + g) * kEntry;
+              if constexpr (ZP) {  // {s|z, s|z}: the folded parameters of the flush below, directly
+                const uint32_t e = *reinterpret_cast<const uint32_t*>(pg);
+                const float2 sc = f16x2_to_float2(e & 0xFFF0FFF0u);
+                // −s·(1024 + z) and −s·(64 + z): the f32 bits of 1024 + z and 64 + z (exact products)
+                p = make_float4(16.f * sc.x, -sc.x * __uint_as_float(0x44800000u | ((e & 15u) << 13)), sc.y,
+                                -sc.y * __uint_as_float(0x42800000u | (((e >> 16) & 15u) << 17)));
+              } else {
+                p = gparam_f32(*reinterpret_cast<const uint2*>(pg));  // f16 {s, b, s, b}
+              }
 #pragma unroll
               for (int i = 0; i < 4; ++i) cq[0][i] = cq[1][i] = 0.f;
               sx = tsum[cc * kChunkTiles + tile];
@@ -262,7 +272,8 @@ __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kern
               // acc = Σ (1024 + q)·x/16 for rows g, Σ (1024 + 16·q)·x/16 for rows g + 8; so
               // s·Σq·x + b·Σx = 16·s·acc + (b − 1024·s)·Σx, and s·acc + (b − 64·s)·Σx.
               if (!last) continue;
-              const float s0 = 16.f * p.x, b0 = fmaf(-1024.f, p.x, p.y), s1 = p.z, b1 = fmaf(-64.f, p.z, p.w);
+              const float s0 = ZP ? p.x : 16.f * p.x, b0 = ZP ? p.y : fmaf(-1024.f, p.x, p.y);
+              const float s1 = p.z, b1 = ZP ? p.w : fmaf(-64.f, p.z, p.w);
               cf[r][0] = fmaf(s0, cq[0][0] + cq[1][0], fmaf(b0, sx, cf[r][0]));
               cf[r][2] = fmaf(s1, cq[0][2] + cq[1][2], fmaf(b1, sx, cf[r][2]));
             } else {  // grouped int8: exact codes q, acc = Σ q·x/16
@@ -375,10 +386,10 @@ bool device_fits() {
   return ok;
 }
 
-template <int FMT, bool ACT, bool LOADS_ONLY = false, bool PAIR = false>
+template <int FMT, bool ACT, bool LOADS_ONLY = false, bool PAIR = false, bool ZP = false>
 void launch_ring_f(RingArgs a, bool pdl, cudaStream_t st) {
   if constexpr (!LOADS_ONLY) {
-    if (g_ring_mode == 2) return launch_ring_f<FMT, ACT, true>(a, pdl, st);
+    if (g_ring_mode == 2) return launch_ring_f<FMT, ACT, true, false, ZP>(a, pdl, st);
   }
   const size_t in = size_t(a.set.part[0].w.in);
   const size_t fixed = in * 2 + in / 32 * 4;  // x, Σx per tile
@@ -386,7 +397,7 @@ void launch_ring_f(RingArgs a, bool pdl, cudaStream_t st) {
   a.slots = int(std::min<size_t>(cap, (kCtaSmem<FMT> - fixed - 16 * kMaxSlots) / kSlotBytes<FMT>));
   a.pre = g_ring_pre >= 0 ? g_ring_pre : kDefaultPre<FMT>;
   const size_t smem = size_t(a.slots) * kSlotBytes<FMT> + fixed + 16 * size_t(a.slots);
-  auto* kernel = qgemv_ring_kernel<FMT, ACT, LOADS_ONLY, PAIR>;
+  auto* kernel = qgemv_ring_kernel<FMT, ACT, LOADS_ONLY, PAIR, ZP>;
   static const bool attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCtaSmem<FMT>)) == cudaSuccess &&
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) ==
@@ -402,7 +413,11 @@ void launch_ring(const RingArgs& a, bool pdl, cudaStream_t st) {
   // A consumer warp's tiles of a chunk (int4 128 columns, int8 64) in one group: one flush (PAIR).
   const bool pair = g_ring_pair && w.group != w.in && w.group >= kWarpTiles * tile_k(w.fmt);
   switch (w.fmt) {
-    case kQ4: return pair ? launch_ring_f<kQ4, ACT, false, true>(a, pdl, st) : launch_ring_f<kQ4, ACT>(a, pdl, st);
+    case kQ4:
+      if (w.zpack)
+        return pair ? launch_ring_f<kQ4, ACT, false, true, true>(a, pdl, st)
+                    : launch_ring_f<kQ4, ACT, false, false, true>(a, pdl, st);
+      return pair ? launch_ring_f<kQ4, ACT, false, true>(a, pdl, st) : launch_ring_f<kQ4, ACT>(a, pdl, st);
     case kFP8: return launch_ring_f<kFP8, ACT>(a, pdl, st);
     case kQ8:
       if (w.group != w.in)
@@ -437,6 +452,15 @@ bool qgemv_ring_applies(const QGemvSet& set, int N) {
   if (w.in > kMaxIn) return false;
   for (int i = 0; i < set.count; ++i)
     if (!aligned16(set.part[i].w.codes) || !aligned16(set.part[i].w.params)) return false;
+  for (int i = 1; i < set.count; ++i)
+    if (set.part[i].w.zpack != w.zpack) {  // one parameter form per launch (never from one checkpoint's quantizer)
+      static bool noted = false;
+      if (!noted)
+        std::fprintf(stderr, "note: cuda: a grouped int4 product mixes zero-packed and 8-byte parameters; it runs on "
+                             "the register GEMV instead of the ring GEMV\n");
+      noted = true;
+      return false;
+    }
   return true;
 }
 
