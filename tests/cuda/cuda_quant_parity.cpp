@@ -594,8 +594,9 @@ void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
 // Zero-packed int4 parameters (quant_layout.h) give the 8-byte form's products bit for bit on every
 // path: the same matrix loaded both ways (cuda::set_zero_pack), N from the ring GEMV's 1 through
 // the register GEMV, the batched kernel, the fused GEMM to the dequantize path, and --int8-prefill's
-// requantization.
-void test_zero_packed(CudaBackend& gpu) {
+// requantization. A grouped launch whose parts mix the two forms (each part's form read at run
+// time) against the CPU.
+void test_zero_packed(CpuBackend& cpu, CudaBackend& gpu) {
   struct Shape {
     int64_t out, in, group;
   };
@@ -623,6 +624,25 @@ void test_zero_packed(CudaBackend& gpu) {
     gpu.set_int8_prefill(false);
     check(a == b, strf("zero-packed int4 %s N=512 --int8-prefill equals the 8-byte form", shape.c_str()),
           a == b ? "bit for bit" : strf("DIFFERS: rel %.2e", rel_err(a, b)));
+  }
+  const int64_t in = 4096, outs[] = {2048, 256, 264};
+  std::vector<Weight> wc, wg;
+  for (size_t i = 0; i < 3; ++i) {
+    const PackedMatrix pm = random_packed(WeightFormat::Q4, outs[i], in, 128, 811 + i, true);
+    wc.push_back(cpu.load_quantized_weight(pm.view(), "int4"));
+    cuda::set_zero_pack(i != 1);  // the middle part in the 8-byte form
+    wg.push_back(gpu.load_quantized_weight(pm.view(), "int4"));
+    cuda::set_zero_pack(true);
+  }
+  for (int64_t n : {1, 8, 32}) {
+    const auto x = randn(size_t(n * in), 820 + uint64_t(n));
+    const GroupRun r = run_group(gpu, wg, x, n, DType::BF16, DType::F32);
+    double worst = 0;
+    for (size_t i = 0; i < wc.size(); ++i)
+      worst = std::max(worst, rel_err(r.grouped[i], run_matmul(cpu, wc[i], x, n, DType::F32, DType::F32)));
+    check(!wg[1].zero_packed && wg[0].zero_packed && worst < 5e-5,
+          strf("int4 grouped parts mixing zero-packed and 8-byte parameters N=%lld", (long long)n),
+          strf("rel %.2e against the CPU", worst));
   }
 }
 
@@ -1012,7 +1032,7 @@ void test_quant_parity(int& pass, int& fail) {
     test_qgemv_prefetch(cpu, gpu);
     test_qgemv_ring(cpu, gpu);
     test_q8_symmetric(cpu, gpu);
-    test_zero_packed(gpu);
+    test_zero_packed(cpu, gpu);
     test_matmul_silu_mul(cpu, gpu);
     test_fp8_prefill(cpu, gpu);
     test_int8_prefill(cpu, gpu);

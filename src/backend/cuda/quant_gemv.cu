@@ -177,15 +177,11 @@ constexpr float kXhScale = 1.f / 16.f;
 __host__ __device__ constexpr int xh_pieces(int64_t in) { return int((in + 7) / 8); }
 
 
-// cf += s·cq + b·cx for one row block, from its group's float4 {s, b, s, b} (rows g, g + 8), in
-// the units the codes and x were decoded in; then cq = 0 (cx is the caller's: shared by row blocks).
-template <int FMT, bool XH, int NT>
-__device__ __forceinline__ void flush_group(float (&cf)[NT][4], float (&cq)[NT][4], const float (&cx)[NT][4],
-                                            float4 p) {
-  float s0 = p.x, b0 = p.y, s1 = p.z, b1 = p.w;
-  if constexpr (FMT == kFP8) s0 *= 1.f / kFp8Unit, s1 *= 1.f / kFp8Unit;
-  if constexpr (FMT == kQ4) b0 = fmaf(-128.f, s0, b0), b1 = fmaf(-128.f, s1, b1);
-  if constexpr (XH) s0 *= 1.f / kXhScale, s1 *= 1.f / kXhScale, b0 *= 1.f / kXhScale, b1 *= 1.f / kXhScale;
+// cf += s·cq + b·cx for one row block with the scales and biases (rows g, g + 8) already in the
+// units the codes and x were decoded in; then cq = 0 (cx is the caller's: shared by row blocks).
+template <int FMT, int NT>
+__device__ __forceinline__ void flush_scaled(float (&cf)[NT][4], float (&cq)[NT][4], const float (&cx)[NT][4],
+                                             float s0, float b0, float s1, float b1) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     float* c = cf[nt];
@@ -202,6 +198,30 @@ __device__ __forceinline__ void flush_group(float (&cf)[NT][4], float (&cq)[NT][
 #pragma unroll
     for (int i = 0; i < 4; ++i) cq[nt][i] = 0.f;
   }
+}
+// The same from the group's float4 {s, b, s, b}.
+template <int FMT, bool XH, int NT>
+__device__ __forceinline__ void flush_group(float (&cf)[NT][4], float (&cq)[NT][4], const float (&cx)[NT][4],
+                                            float4 p) {
+  float s0 = p.x, b0 = p.y, s1 = p.z, b1 = p.w;
+  if constexpr (FMT == kFP8) s0 *= 1.f / kFp8Unit, s1 *= 1.f / kFp8Unit;
+  if constexpr (FMT == kQ4) b0 = fmaf(-128.f, s0, b0), b1 = fmaf(-128.f, s1, b1);
+  if constexpr (XH) s0 *= 1.f / kXhScale, s1 *= 1.f / kXhScale, b0 *= 1.f / kXhScale, b1 *= 1.f / kXhScale;
+  flush_scaled<FMT, NT>(cf, cq, cx, s0, b0, s1, b1);
+}
+// The same from a grouped entry as loaded (ld_gparam): zero-packed (zp, Q4) {s|z, s|z} gives the
+// decode's folded bias −s·(128 + z) directly (the f32 bits of 128 + z: exact, as fma(−128, s, −s·z)).
+template <int FMT, bool XH, int NT>
+__device__ __forceinline__ void flush_entry(float (&cf)[NT][4], float (&cq)[NT][4], const float (&cx)[NT][4],
+                                            uint2 raw, bool zp) {
+  if (FMT == kQ4 && !XH && zp) {
+    const uint32_t e = raw.x;
+    const float2 sc = f16x2_to_float2(e & 0xFFF0FFF0u);
+    const float b0 = -sc.x * __uint_as_float(0x43000000u | ((e << 16) & 0x000F0000u));
+    const float b1 = -sc.y * __uint_as_float(0x43000000u | (e & 0x000F0000u));
+    return flush_scaled<FMT, NT>(cf, cq, cx, sc.x, b0, sc.y, b1);
+  }
+  flush_group<FMT, XH, NT>(cf, cq, cx, gparam_f32(raw));
 }
 
 // y[n, o] of a part, f32 or rounded to bf16.
@@ -220,7 +240,10 @@ __device__ __forceinline__ void store_y(const QGemvPart& part, int n, int64_t o,
 // registers for grouped formats; the load overlaps the tile's decode and mma).
 // TG: how groups lie in tiles, known at compile time. 1: every tile inside one group (group %
 // tile_k == 0; the sub-tile group path is compiled out); 2: two groups per tile (Q4 group 32:
-// flushes after mma steps 1 and 3, no division per step); 0: any group, found at run time.
+// flushes after mma steps 1 and 3, no division per step); 0: any group, found at run time; 3: as
+// 1, for Q4 with zero-packed parameters (QWeight::zpack) — with 1 the parameter form is known at
+// compile time (a run-time choice of the two conversions cost batch-32 int4 decode 6%), with 0
+// and 2 it is read from the weight.
 // XH: N = 1, x staged once per CTA into shared memory as f16 (dynamic, in·2 bytes) and the mma
 // in f16 (decode_a_f16): FP8 and Q8 only.
 // SP: grouped formats; the CTA's group parameters (R row blocks × in/group × 64 bytes of f16) are
@@ -258,6 +281,8 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
   const int in = int(set.part[0].w.in), G = int(set.part[0].w.group), ktiles = (in + KT - 1) / KT, groups = in / G;
   const int rbs = int((w.out + 15) / 16), rb0 = pb.rb0;
   const bool per_row = PR || G == in;               // one flush at the end
+  constexpr int TGK = TG == 3 ? 1 : TG;             // TG 3: tile groups (1), zero-packed parameters
+  static_assert(TG != 3 || FMT == kQ4, "qgemv TG 3: int4 only");
   const uint4* codes[R];
   const void* params[R];  // grouped: f16 or zero-packed tiles (quant_layout.h), entry pidx[r] + 8·gi
   int64_t pidx[R];
@@ -270,10 +295,10 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
     codes[r] = static_cast<const uint4*>(wr.codes) + size_t(rb) * size_t(ktiles) * 32 + lane;
     params[r] = wr.params;
     pidx[r] = int64_t(rb) * groups * 8 + g;
-    zp[r] = wr.zpack;
+    zp[r] = TG == 3 || (TG != 1 && wr.zpack);  // tile groups: the form known at compile time
     prow[r] = per_row ? ld_row_param(wr.params, rb, g) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  const bool tile_group = TG == 1 || (!per_row && G % KT == 0);  // every tile inside one group: flush per tile
+  const bool tile_group = TGK == 1 || (!per_row && G % KT == 0);  // every tile inside one group: flush per tile
   // Group of tile k: k / (G / KT) — a shift when that is a power of two (no division per tile).
   const uint32_t tpg = tile_group ? uint32_t(G / KT) : 1u, G32 = uint32_t(G);
   const int tpg_shift = (tpg & (tpg - 1)) == 0 ? __ffs(int(tpg)) - 1 : -1;
@@ -368,6 +393,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
     }
   // cf += s·cq + b·cx for row block r; clears cq (the caller clears cx).
   auto flush = [&](int r, float4 p) { flush_group<FMT, XH, NT>(cf[r], cq[r], cx, p); };
+  auto flush_raw = [&](int r, uint2 raw) { flush_entry<FMT, XH, NT>(cf[r], cq[r], cx, raw, zp[r]); };
   auto clear_cx = [&]() {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -391,7 +417,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
       }
       // A tile inside the matrix (always, for tile groups) loads x and runs its mma steps without
       // a bounds test per step: the tests' branches also put a WARPSYNC before every mma.sync.
-      const bool full = TG || (k + 1) * KT <= in;
+      const bool full = TGK || (k + 1) * KT <= in;
       // B columns n ≥ N (XH: n ≥ 1) are never stored: they read x row min(n, N − 1) (XH: the staged
       // row) instead of a predicated zero, one select fewer per load.
       uint2 xf[NT][MT];
@@ -418,14 +444,12 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
           for (int nt = 0; nt < NT; ++nt) mma_x<XH>(cq[r][nt], a, xf[nt][j]);
         }
         // Groups smaller than a tile (group % 16 == 0): flush at each group end and tile end.
-        const bool group_end = TG == 2 ? (j & 1) == 1 : (uint32_t(k0) + 16) % G32 == 0 || j == MT - 1;
+        const bool group_end = TGK == 2 ? (j & 1) == 1 : (uint32_t(k0) + 16) % G32 == 0 || j == MT - 1;
         if (!per_row && !tile_group && group_end) {
-          const uint32_t gi = TG == 2 ? 2u * uint32_t(k) + uint32_t(j >> 1) : uint32_t(k0) / G32;
+          const uint32_t gi = TGK == 2 ? 2u * uint32_t(k) + uint32_t(j >> 1) : uint32_t(k0) / G32;
 #pragma unroll
           for (int r = 0; r < R; ++r)
-            flush(r, gparam_f32(SP ? gparam_smem(sp_r(r), zp[r], int(gi) * 8 + g)
-                                   : ld_gparam(params[r], zp[r], pidx[r] + gi * 8),
-                                zp[r]));
+            flush_raw(r, SP ? gparam_smem(sp_r(r), zp[r], int(gi) * 8 + g) : ld_gparam(params[r], zp[r], pidx[r] + gi * 8));
           clear_cx();
         }
       };
@@ -441,7 +465,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
       }
       if (tile_group) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) flush(r, gparam_f32(LP || SP ? lp[r] : pt[r][u], zp[r]));
+        for (int r = 0; r < R; ++r) flush_raw(r, LP || SP ? lp[r] : pt[r][u]);
         clear_cx();
       }
     }
@@ -515,7 +539,7 @@ __global__ void __launch_bounds__(W * 32, MINB) qgemv_kernel(QGemvSet set, const
 // qsplit_reduce_kernel adds in split order (deterministic) into y.
 constexpr int kBatchWarps = 8, kBatchTiles = 4, kBatchSplits = kQSplitWays;
 
-template <int FMT, int NT, int RB, bool PR>
+template <int FMT, int NT, int RB, bool PR, bool ZP = false>
 __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvSet set, const bf16* __restrict__ x,
                                                                       int ldx, int N, int y_f32, int trigger,
                                                                       float* __restrict__ split_ws) {
@@ -532,8 +556,9 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
   const int rbs = int((w.out + 15) / 16), rb = pb.rb0 + r;
   const int rbc = min(rb, rbs - 1);  // a warp past the last row block re-reads it (not stored)
   const uint4* codes = static_cast<const uint4*>(w.codes) + size_t(rbc) * size_t(ktiles) * 32 + lane;
-  const int64_t pidx = int64_t(rbc) * groups * 8 + g;  // grouped: entry pidx + 8·gi (f16 or zero-packed)
-  const bool zp = w.zpack;
+  const int64_t pidx = int64_t(rbc) * groups * 8 + g;  // grouped: entry pidx + 8·gi (f16, or ZP zero-packed)
+  constexpr bool zp = ZP;
+  static_assert(!ZP || (FMT == kQ4 && !PR), "qgemv batch ZP: grouped int4 only");
   constexpr bool per_row = PR;  // one scale per row (G == in): one flush at the end
   const int tpg = per_row ? 1 : G / KT;  // tiles per group (tile groups)
   // This CTA's chunks: [c0, c0 + chunks) of the split blockIdx.y (the launcher divides exactly).
@@ -580,12 +605,15 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) cf[nt][i] = cq[nt][i] = cx[nt][i] = 0.f;
-  auto flush = [&](float4 p) {  // the group's scales; both sums restart
-    flush_group<FMT, XH, NT>(cf, cq, cx, p);
+  auto clear_cx = [&]() {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) cx[nt][i] = 0.f;
+  };
+  auto flush = [&](float4 p) {  // the group's scales; both sums restart
+    flush_group<FMT, XH, NT>(cf, cq, cx, p);
+    clear_cx();
   };
   auto compute = [&](int c, int b, const uint4 (&cw)[kBatchTiles], const uint2 (&pt)[kBatchTiles]) {
     const uint16_t* xb = xs + size_t(b) * NT * 8 * XS;
@@ -609,7 +637,10 @@ __global__ void __launch_bounds__(kBatchWarps * 32, 2) qgemv_batch_kernel(QGemvS
       // Tile groups: flush when this warp's next tile (k + KS) lies in another group or split (a
       // group's tiles may be spread over warps and splits: each flushes its own part with the
       // group's scales, which is linear in the sums).
-      if (!per_row && (k / tpg != (k + KS) / tpg || k + KS >= k_end)) flush(gparam_f32(pt[i], zp));
+      if (!per_row && (k / tpg != (k + KS) / tpg || k + KS >= k_end)) {
+        flush_entry<FMT, XH, NT>(cf, cq, cx, pt[i], zp);
+        clear_cx();
+      }
     }
   };
 
@@ -1068,7 +1099,7 @@ void qgemv_small(const QArgs& a, int warps) {
   }
   // Q4 in tile groups (group 64 or 128): late group parameters fit 64 registers (16 bytes of
   // spills), third sweep: 16384×4096 22.3 → 19.8 µs, 4096×16384 22.1 → 18.8, lm_head 91.4 → 72.4.
-  if constexpr (FMT == kQ4 && TG == 1) {
+  if constexpr (FMT == kQ4 && (TG == 1 || TG == 3)) {
     if (a.rows <= 8192) return qgemv_cfg<FMT, 1, 1, 2, 16, 2, PR, true, TG>(a);
     return qgemv_cfg<FMT, 1, 1, 2, 4, 8, PR, true, TG>(a);
   }
@@ -1089,14 +1120,28 @@ void qgemv_act_f(const QArgs& a) {
   return qgemv_cfg<FMT, 1, 2, 1, 8, 4, PR, false, TG, false, !PR, true>(a);
 }
 
-// Calls f(PR, TG) with the weight's grouping as compile-time constants: per row (PR), or how its
-// groups lie in tiles (tile_groups; int4's two groups per tile only for Q4).
+// The set's parameter form: 1 every part zero-packed, 0 none, −1 mixed (not from one quantizer;
+// the kernels then read each part's form at run time: TG 0).
+int set_zpack(const QGemvSet& set) {
+  int n = 0;
+  for (int i = 0; i < set.count; ++i) n += set.part[i].w.zpack != 0;
+  return n == 0 ? 0 : n == set.count ? 1 : -1;
+}
+
+// Calls f(PR, TG) with the set's grouping as compile-time constants: per row (PR), or how its
+// groups lie in tiles (tile_groups; int4's two groups per tile only for Q4; TG 3 for int4 tile
+// groups with zero-packed parameters).
 template <int FMT, class F>
-void with_grouping(const QWeight& w, F&& f) {
+void with_grouping(const QGemvSet& set, F&& f) {
   using PR = std::true_type;
   using Grouped = std::false_type;
+  const QWeight& w = set.part[0].w;
   if (w.group == w.in) return f(PR{}, std::integral_constant<int, 0>{});
-  const int tg = tile_groups(FMT, w.group);
+  const int tg = tile_groups(FMT, w.group), zp = set_zpack(set);
+  if (zp < 0) return f(Grouped{}, std::integral_constant<int, 0>{});
+  if constexpr (FMT == kQ4) {
+    if (tg == 1 && zp) return f(Grouped{}, std::integral_constant<int, 3>{});
+  }
   if (tg == 1) return f(Grouped{}, std::integral_constant<int, 1>{});
   if constexpr (FMT == kQ4) {
     if (tg == 2) return f(Grouped{}, std::integral_constant<int, 2>{});
@@ -1106,20 +1151,20 @@ void with_grouping(const QWeight& w, F&& f) {
 
 template <int FMT>
 void qgemv_act(const QArgs& a) {
-  with_grouping<FMT>(a.set.part[0].w, [&](auto pr, auto tg) { qgemv_act_f<FMT, pr(), tg()>(a); });
+  with_grouping<FMT>(a.set, [&](auto pr, auto tg) { qgemv_act_f<FMT, pr(), tg()>(a); });
 }
 
 // The row-split batched kernel (qgemv_batch_kernel) for 9–32 rows: per-row formats or tile groups,
 // in a multiple of its chunk. Row blocks per CTA: about two CTAs per SM for the launch's rows.
-template <int FMT, int NT, int RB, bool PR>
+template <int FMT, int NT, int RB, bool PR, bool ZP>
 void qgemv_batch_cfg(const QArgs& a, int splits = 1) {
   if constexpr (FMT == kQ8 && PR) {  // symmetric int8 (as qgemv_cfg)
-    if (symmetric_q8(a.set)) return qgemv_batch_cfg<kQ8S, NT, RB, PR>(a, splits);
+    if (symmetric_q8(a.set)) return qgemv_batch_cfg<kQ8S, NT, RB, PR, ZP>(a, splits);
   }
   constexpr int KS = kBatchWarps / RB, KC = kBatchTiles * KS * tile_k(FMT);
   const size_t smem = std::max(size_t(2) * NT * 8 * (KC + 16) * 2, size_t(KS) * RB * 16 * NT * 8 * 4);
   static const bool attr = [smem] {  // once per instantiation: shared memory beyond 48 KB
-    return cudaFuncSetAttribute(qgemv_batch_kernel<FMT, NT, RB, PR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(qgemv_batch_kernel<FMT, NT, RB, PR, ZP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 int(smem)) == cudaSuccess;
   }();
   SALA_CUDA_REQUIRE(attr, "qgemv batch: shared memory attribute refused");
@@ -1130,7 +1175,7 @@ void qgemv_batch_cfg(const QArgs& a, int splits = 1) {
     blocks += unsigned(((set.part[i].w.out + 15) / 16 + RB - 1) / RB);
   }
   set.first[set.count] = blocks;
-  launch_pdl(a.pdl, qgemv_batch_kernel<FMT, NT, RB, PR>, dim3(blocks, unsigned(splits)), dim3(kBatchWarps * 32), smem,
+  launch_pdl(a.pdl, qgemv_batch_kernel<FMT, NT, RB, PR, ZP>, dim3(blocks, unsigned(splits)), dim3(kBatchWarps * 32), smem,
              a.st, set, static_cast<const bf16*>(a.x), int(a.ldx), a.N, int(a.dty == kF32), int(g_trigger && a.pdl),
              a.split_ws);
   if (splits > 1)
@@ -1138,7 +1183,7 @@ void qgemv_batch_cfg(const QArgs& a, int splits = 1) {
                static_cast<const float*>(a.split_ws), splits, a.N, int(a.dty == kF32));
 }
 
-template <int FMT, int NT, bool PR>
+template <int FMT, int NT, bool PR, bool ZP = false>
 bool qgemv_batch_pr(const QArgs& a) {
   const QWeight& w = a.set.part[0].w;
   const int64_t rbs = (a.rows + 15) / 16;
@@ -1151,39 +1196,44 @@ bool qgemv_batch_pr(const QArgs& a) {
   // Benchmarks: 4, 5, 6 force 2, 4, 8 row blocks per CTA, 7 the column split.
   if (g_nt_variant >= 4) {
     const int rb = g_nt_variant == 4 ? 2 : g_nt_variant == 5 ? 4 : 8;
-    if (g_nt_variant == 7) return split_fits && (qgemv_batch_cfg<FMT, NT, 8, PR>(a, kBatchSplits), true);
-    if (rb == 8 && fit8) return qgemv_batch_cfg<FMT, NT, 8, PR>(a), true;
-    if (rb == 4 && fit4) return qgemv_batch_cfg<FMT, NT, 4, PR>(a), true;
-    if (rb == 2 && fit2) return qgemv_batch_cfg<FMT, NT, 2, PR>(a), true;
+    if (g_nt_variant == 7) return split_fits && (qgemv_batch_cfg<FMT, NT, 8, PR, ZP>(a, kBatchSplits), true);
+    if (rb == 8 && fit8) return qgemv_batch_cfg<FMT, NT, 8, PR, ZP>(a), true;
+    if (rb == 4 && fit4) return qgemv_batch_cfg<FMT, NT, 4, PR, ZP>(a), true;
+    if (rb == 2 && fit2) return qgemv_batch_cfg<FMT, NT, 2, PR, ZP>(a), true;
     return false;
   }
   // Automatic, from the qgemv-batch sweep (H200, bench/results/2026-11-25-h200-qgemv-batch.md):
   // ~2 CTAs per SM — 8 row blocks per CTA from 2048 row blocks, 4 from 1024 (fp8 16384×4096 at
   // N = 32: 72.2 → 40.6 µs, 32768×4096 141 → 66 µs); fewer rows (4096: o_proj, down) stay on the
   // GEMV above, which is faster there, as is int4 at 17–32 rows below 2048 row blocks.
-  if (rbs >= 2048 && fit8) return qgemv_batch_cfg<FMT, NT, 8, PR>(a), true;
-  if (rbs >= 1024 && fit4 && (FMT != kQ4 || NT == 2)) return qgemv_batch_cfg<FMT, NT, 4, PR>(a), true;
+  if (rbs >= 2048 && fit8) return qgemv_batch_cfg<FMT, NT, 8, PR, ZP>(a), true;
+  if (rbs >= 1024 && fit4 && (FMT != kQ4 || NT == 2)) return qgemv_batch_cfg<FMT, NT, 4, PR, ZP>(a), true;
   // Fewer rows, the column split where the sweep of 06665e4 (same file) found it faster: 4096×16384
   // (down) at 9–32 rows for 8-bit, 9–16 for int4 (fp8 at 32 rows 67.6 → 45.6 µs), 4096×4096 at
   // 9–16 rows for 8-bit; at 17–32 rows the 4096×4096 products are faster on the GEMV above.
   const bool split_wins = FMT == kQ4 ? NT == 2 && w.in >= 16384 : NT == 2 || w.in >= 16384;
-  if (rbs < 1024 && split_fits && split_wins) return qgemv_batch_cfg<FMT, NT, 8, PR>(a, kBatchSplits), true;
-  if (g_nt_variant == 3 && fit2) return qgemv_batch_cfg<FMT, NT, 2, PR>(a), true;  // forced: any rows
+  if (rbs < 1024 && split_fits && split_wins) return qgemv_batch_cfg<FMT, NT, 8, PR, ZP>(a, kBatchSplits), true;
+  if (g_nt_variant == 3 && fit2) return qgemv_batch_cfg<FMT, NT, 2, PR, ZP>(a), true;  // forced: any rows
   return false;
 }
 template <int FMT, int NT>
 bool qgemv_batch(const QArgs& a) {
   const QWeight& w = a.set.part[0].w;
   if (w.group == w.in) return qgemv_batch_pr<FMT, NT, true>(a);
-  if (w.group % tile_k(FMT) == 0) return qgemv_batch_pr<FMT, NT, false>(a);
-  return false;
+  if (w.group % tile_k(FMT) != 0) return false;
+  const int zp = set_zpack(a.set);
+  if (zp < 0) return false;  // mixed parameter forms: the GEMV below reads each part's
+  if constexpr (FMT == kQ4) {
+    if (zp) return qgemv_batch_pr<FMT, NT, false, true>(a);
+  }
+  return qgemv_batch_pr<FMT, NT, false>(a);
 }
 
 template <int FMT>
 void qgemv_f(const QArgs& a, int warps) {
   if (a.N <= 8) {
     // format, in and group: the same for every part
-    return with_grouping<FMT>(a.set.part[0].w, [&](auto pr, auto tg) { qgemv_small<FMT, pr(), tg()>(a, warps); });
+    return with_grouping<FMT>(a.set, [&](auto pr, auto tg) { qgemv_small<FMT, pr(), tg()>(a, warps); });
   }
   // N > 8: one decode of each A fragment feeds 2 or 4 n-tiles. Two row blocks per CTA share the
   // x fragments (x bytes per code byte: 2·N / (16·R) for Q4's 4 mmas per 16-byte piece).
@@ -1211,7 +1261,14 @@ void qgemv_f(const QArgs& a, int warps) {
           return qgemv_cfg<FMT, 4, 2, 1, 8, 1, false, false, 2, false, true>(a);
         }
       }
-      if (tg == 1) {
+      const int zp = set_zpack(a.set);
+      if constexpr (FMT == kQ4) {
+        if (tg == 1 && zp > 0) {
+          if (a.N <= 16) return qgemv_cfg<FMT, 2, 2, 2, 8, 1, false, false, 3, false, true>(a);
+          return qgemv_cfg<FMT, 4, 2, 1, 8, 1, false, false, 3, false, true>(a);
+        }
+      }
+      if (tg == 1 && zp == 0) {
         if (a.N <= 16) return qgemv_cfg<FMT, 2, 2, 2, 8, 1, false, false, 1, false, true>(a);
         return qgemv_cfg<FMT, 4, 2, 1, 8, 1, false, false, 1, false, true>(a);
       }

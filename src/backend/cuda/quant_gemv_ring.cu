@@ -12,12 +12,13 @@
 // 2.81 → 2.63–2.66, fp8 3.79–3.81 → 3.56–3.63, int8 3.83 → 3.60–3.73, int8 g64 4.25 → 4.11–4.12.
 //
 // Speed of light, H100 (3.35 TB/s peak, ~3.0 reachable by a read): int4 g128 stores 0.53125 B per
-// weight (codes 0.5 + f16 scale and bias per 128; 0.5625 with the f32 parameters of before, when
+// weight (codes 0.5 + f16 scale and bias per 128; zero-packed, z in the scale's low bits, 0.515625;
+// 0.5625 with the f32 parameters of before, when
 // 2×16384×4096 (gate/up) = 75.5 MB → 25 µs at 3.0 TB/s, measured 27.3): gate/up 71.3 MB → 23.8 µs;
 // fp8 1 B: gate/up 134 MB → 45 µs, measured 45.4 (products alone).
 //
 // Layout (quant_layout.h): a row block's tiles are contiguous (ktiles × 512 B) and so are its
-// group parameters (groups × 8 × 4 f16), so a chunk of 32 tiles (int4: 2048 columns, 8-bit: 1024)
+// group parameters (groups × 8 entries of 8 bytes, zero-packed 4), so a chunk of 32 tiles (int4: 2048 columns, 8-bit: 1024)
 // is one bulk copy of codes and, for int4, one of the chunk's groups' parameters. A CTA takes the
 // units [U·c/C, U·(c+1)/C) (a unit: one row block of one part; with ACT the gate's and the up's
 // row block). Its producer (one thread of a 17th warp) fills the ring in unit order — the first
