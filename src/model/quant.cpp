@@ -135,17 +135,18 @@ Shape QuantizedMatrix::scale_shape() const {
 namespace {
 
 // An int4 group scale as stored. The backends multiply by f16 scales and biases (backend.h), and
-// int4's bias is −s·z: so the scale is an f16 value, and with zero points one of 7 significant
-// bits (rounded up: the range asked for is covered), whose products with z ≤ 15 fit f16's 11 —
-// the bias the backends hold is then exactly the checkpoint's s·(q − z). (A coarser grid by < 0.8%: far under
-// the int4 rounding itself.) 1 where the scale would be 0 (an all-zero or vanishing group).
-float int4_scale(float s, bool zero_points) {
-  if (zero_points && s > 0) {
+// int4's bias is −s·z (symmetric: z = 8): so the scale is an f16 value of 7 significant bits
+// (rounded up: the range asked for is covered), whose products with z ≤ 15 fit f16's 11 — the bias
+// the backends hold is then exactly the checkpoint's s·(q − z) — and whose f16 ends in four zero
+// bits, where the CUDA backend keeps z (quant_layout.h, zero-packed parameters: 4 bytes per row
+// pair and group instead of 8). Below f16's normal range, a multiple of 2^-20 for the same four
+// bits. (A coarser grid by < 0.8%: far under the int4 rounding itself.) 1 where the scale would
+// be 0 (an all-zero or vanishing group).
+float int4_scale(float s) {
+  if (s > 0) {
     int e;
     const float m = std::frexp(s, &e);  // s = m · 2^e, m in [0.5, 1)
     s = std::ldexp(std::ceil(m * 128.f) / 128.f, e);
-    // Below f16's normal range, a multiple of 2^-20: its f16 then ends in four zero bits too, which
-    // the CUDA backend's zero-packed parameters hold z in (quant_layout.h).
     if (s < 0x1p-14f) s = std::ceil(s * 0x1p20f) * 0x1p-20f;
   }
   const float r = qlayout::group_param(s);
@@ -232,7 +233,7 @@ QuantizedMatrix quantize_matrix(const float* w, int64_t rows, int64_t cols, Quan
             const float lo = zero_points ? 0.f : -8.f, hi = zero_points ? 15.f : 7.f;
             for (const float clip : kInt4Clips) {
               const float scale =
-                  zero_points ? int4_scale(clip * (mx - mn) / 15.f, true) : int4_scale(clip * amax / 7.f, false);
+                  int4_scale(zero_points ? clip * (mx - mn) / 15.f : clip * amax / 7.f);
               const int zero = zero_points ? int(std::clamp(std::nearbyint(-clip * mn / scale), 0.f, 15.f)) : 0;
               double err = 0;
               for (int j = 0; j < group; ++j) {

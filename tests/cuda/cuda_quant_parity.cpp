@@ -108,12 +108,10 @@ const Fmt kFormats[] = {
     {"mlx4 g128", QuantFormat::MLX, 128, false, 4},
 };
 
-// The parameter form the CUDA backend takes for a test format: grouped int4 with zero points
-// (quantized, or random with integer zero points) zero-packed; MLX, symmetric int4 and weights of
-// one group per row (in = group) the 8-byte (per row: f32) form.
-bool expect_zero_packed(const Fmt& f, int64_t in) {
-  return f.format == QuantFormat::INT4 && f.zero_points && f.group < in;
-}
+// The parameter form the CUDA backend takes for a test format: grouped int4 (quantized, with zero
+// points or symmetric, or random with integer zero points) zero-packed; MLX and weights of one
+// group per row (in = group) the 8-byte (per row: f32) form.
+bool expect_zero_packed(const Fmt& f, int64_t in) { return f.format == QuantFormat::INT4 && f.group < in; }
 
 // The CUDA packed format of a test format (int4 zero points and symmetric: both Q4).
 WeightFormat packed_format(const Fmt& f) {
@@ -168,16 +166,16 @@ void test_matmuls(CpuBackend& cpu, CudaBackend& gpu) {
   for (const Fmt& f : kFormats)
     for (const S& s : shapes) {
       if (f.group && s.in % f.group) continue;
-      // Big shapes: int4 with tile groups in both parameter forms (zero points: zero-packed; MLX
-      // 4-bit: 8 bytes), and group 32 (two groups per tile; at in = 16384 its parameters take more
-      // than 48 KB of shared memory).
+      // Big shapes: int4 with tile groups in both parameter forms (int4: zero-packed; MLX 4-bit: 8
+      // bytes), and group 32 (two groups per tile; at in = 16384 its parameters take more than 48 KB
+      // of shared memory).
       if (s.big && ((f.format == QuantFormat::MLX && f.bits != 4) ||
                     (f.format == QuantFormat::INT4 && !f.zero_points && f.group != 32)))
         continue;
       PackedMatrix pm;
       if (s.big) {  // the format's packed form directly
         pm = random_packed(packed_format(f), s.out, s.in, f.group ? f.group : s.in, 31 + uint64_t(s.out),
-                           f.zero_points);
+                           f.format == QuantFormat::INT4);
       } else {
         const auto w = randn(size_t(s.out * s.in), 31 + uint64_t(s.out), 1.0f / std::sqrt(float(s.in)));
         pm = pack_matrix(quantize_matrix(w.data(), s.out, s.in, f.format, f.group, f.zero_points, f.bits));

@@ -535,12 +535,13 @@ TEST(QuantTileLayout, DecodersAreExact) {
     }
 }
 
-// Zero-packed parameters (int4 with zero points as `sala quantize` writes it): chosen exactly where
-// every bias is −s·z, half the bytes, and the same values as the 8-byte form.
+// Zero-packed parameters (int4 as `sala quantize` writes it, with zero points or symmetric): chosen
+// exactly where every bias is −s·z, half the bytes, and the same values as the 8-byte form.
 TEST(QuantTileLayout, ZeroPackedParams) {
   const auto w = randn(size_t(40 * 256), 5, 0.05f);
-  for (int group : {64, 128}) {
-    const PackedMatrix pm = pack_matrix(quantize_matrix(w.data(), 40, 256, QuantFormat::INT4, group, true, 4));
+  for (const auto& [group, zero_points] : {std::pair{64, true}, std::pair{128, true}, std::pair{64, false}}) {
+    const PackedMatrix pm =
+        pack_matrix(quantize_matrix(w.data(), 40, 256, QuantFormat::INT4, group, zero_points, 4));
     const int64_t n = int64_t(pm.scales.size());
     ASSERT_TRUE(zero_pack_fits(kQ4, n, pm.scales.data(), pm.biases.data())) << group;
     const TileGeom wide{kQ4, 40, 256, group}, packed{kQ4, 40, 256, group, true};
@@ -563,9 +564,7 @@ TEST(QuantTileLayout, ZeroPackedParams) {
     bi = pm.biases, sc[5] = f16_to_f32(uint16_t(f32_to_f16(sc[5]) | 1u)), bi[5] = -sc[5] * 8.f;
     EXPECT_FALSE(zero_pack_fits(kQ4, n, sc.data(), bi.data()));
   }
-  // Symmetric int4 (full-precision f16 scales), MLX affine and 8-bit weights keep the 8-byte form.
-  const PackedMatrix sym = pack_matrix(quantize_matrix(w.data(), 40, 256, QuantFormat::INT4, 64, false, 4));
-  EXPECT_FALSE(zero_pack_fits(kQ4, int64_t(sym.scales.size()), sym.scales.data(), sym.biases.data()));
+  // MLX affine and 8-bit weights keep the 8-byte form.
   const PackedMatrix mlx = pack_matrix(quantize_matrix(w.data(), 40, 256, QuantFormat::MLX, 64, false, 4));
   EXPECT_FALSE(zero_pack_fits(kQ4, int64_t(mlx.scales.size()), mlx.scales.data(), mlx.biases.data()));
   const PackedMatrix q8 = pack_matrix(quantize_matrix(w.data(), 40, 256, QuantFormat::MLX, 64, false, 8));

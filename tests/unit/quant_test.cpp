@@ -101,13 +101,14 @@ TEST(QuantPack, Int4NibblesSignedAndUnsigned) {
 
 TEST(QuantPack, Int4SymmetricGroupsAreIndependent) {
   // Two groups of 4: scales amax/7 each; odd and negative values, the second group's scale must not
-  // leak into the first.
+  // leak into the first. Scales are rounded up to 7 significant bits (an f16 whose low four bits the
+  // CUDA backend holds z in): 0.1 → 103/1024, 8/7 → 74/64.
   const float w[8] = {0.7f, -0.7f, 0.1f, -0.3f, 8.f, -1.f, 2.f, 0.f};
   QuantizedMatrix q = quantize_matrix(w, 1, 8, QuantFormat::INT4, 4, false);
   ASSERT_EQ(q.data_shape(), (Shape{1, 4}));
   ASSERT_EQ(q.scale_shape(), (Shape{1, 2}));
-  EXPECT_EQ(q.scales[0], qlayout::group_param(0.1f));  // stored as the f16 the backends hold
-  EXPECT_EQ(q.scales[1], qlayout::group_param(8.f / 7.f));
+  EXPECT_EQ(q.scales[0], 103.f / 1024.f);  // exact in f16, the value the backends hold
+  EXPECT_EQ(q.scales[1], 74.f / 64.f);
   EXPECT_EQ(q.data[0], pack_int4(7, -7));
   EXPECT_EQ(q.data[1], pack_int4(1, -3));
   EXPECT_EQ(unpack_int4_signed(q.data[2], 0), 7);
@@ -116,8 +117,8 @@ TEST(QuantPack, Int4SymmetricGroupsAreIndependent) {
   dequantize_matrix(q, back);
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(back[i], w[i], 0.05f + 1e-6f) << i;
   for (int i = 4; i < 8; ++i) EXPECT_NEAR(back[i], w[i], 4.f / 7.f + 1e-6f) << i;
-  EXPECT_NEAR(back[0], 0.7f, 0.7f / 2048);  // 7 · the f16 scale
-  EXPECT_NEAR(back[4], 8.f, 8.f / 2048);
+  EXPECT_EQ(back[0], 7.f * q.scales[0]);  // 7 · the stored scale (≤ 0.8% above amax)
+  EXPECT_EQ(back[4], 7.f * q.scales[1]);
 }
 
 TEST(QuantPack, Int4ZeroPointsCoverAsymmetricRange) {
