@@ -83,6 +83,16 @@ inline float group_param(float v) { return f16_to_f32(f32_to_f16(v)); }
 // Zero-packed entries: an f16 scale with z in its low 4 bits (s·z fits f16's 11 significant bits).
 constexpr uint16_t kZeroBits = 0xf;
 
+// A positive int4 scale as `sala quantize` stores it: rounded up to 7 significant bits (below
+// f16's normal range, to a multiple of 2^-20), so that its f16 ends in four zero bits and s·z,
+// z ≤ 15, is exact in f16.
+inline float int4_scale_7_bits(float s) {
+  int e;
+  const float m = std::frexp(s, &e);  // s = m · 2^e, m in [0.5, 1)
+  s = std::ldexp(std::ceil(m * 128.f) / 128.f, e);
+  return s < 0x1p-14f ? std::ceil(s * 0x1p20f) * 0x1p-20f : s;
+}
+
 // Whether a grouped Q4 weight's parameters ([rows, groups] scales and biases, f16-rounded as
 // group_param holds them) take the zero-packed form: every scale an f16 with four zero low
 // mantissa bits (or 0) and every bias exactly −s·z for an integer z in 0..15.

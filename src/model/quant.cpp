@@ -143,12 +143,7 @@ namespace {
 // bits. (A coarser grid by < 0.8%: far under the int4 rounding itself.) 1 where the scale would
 // be 0 (an all-zero or vanishing group).
 float int4_scale(float s) {
-  if (s > 0) {
-    int e;
-    const float m = std::frexp(s, &e);  // s = m · 2^e, m in [0.5, 1)
-    s = std::ldexp(std::ceil(m * 128.f) / 128.f, e);
-    if (s < 0x1p-14f) s = std::ceil(s * 0x1p20f) * 0x1p-20f;
-  }
+  if (s > 0) s = qlayout::int4_scale_7_bits(s);
   const float r = qlayout::group_param(s);
   SALA_CHECK(std::isfinite(r), "int4 group scale {} is beyond f16's range (weights that large are not a model's)", s);
   return r > 0 ? r : 1.f;

@@ -139,9 +139,7 @@ PackedMatrix random_packed(WeightFormat f, int64_t rows, int64_t cols, int64_t g
   for (size_t i = 0; i < np; ++i) {
     const float u = 0.75f + 0.5f * uniform01(seed, i);
     if (f == WeightFormat::Q4 && zero_points) {
-      int e;
-      const float m = std::frexp(s0 * u, &e);
-      const float s = std::ldexp(std::ceil(m * 128.f) / 128.f, e);
+      const float s = qlayout::int4_scale_7_bits(s0 * u);
       p.scales.push_back(s);
       p.biases.push_back(-s * float(7 + (splitmix64(seed + i) & 1)));
       continue;

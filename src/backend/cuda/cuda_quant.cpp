@@ -92,7 +92,6 @@ static bool g_zero_pack = [] {
   const char* e = std::getenv("SALA_CUDA_ZPACK");
   return !(e && std::string(e) == "0");
 }();
-static bool zero_pack_enabled() { return g_zero_pack; }
 void cuda::set_zero_pack(bool on) { g_zero_pack = on; }
 
 Weight CudaBackend::alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group, bool zpack) {
@@ -115,7 +114,7 @@ Weight CudaBackend::alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t gr
 Weight CudaBackend::load_quantized_weight(const QuantMatrixView& q, const std::string& name) {
   q.validate(name);
   check_packable(q.format, q.rows, q.cols, q.group, name);
-  const bool zpack = zero_pack_enabled() && q.group < q.cols &&
+  const bool zpack = g_zero_pack && q.group < q.cols &&
                      qlayout::zero_pack_fits(int(q.format), int64_t(q.scales.size()), q.scales.data(),
                                              q.biases.empty() ? nullptr : q.biases.data());
   Weight w = alloc_packed(int(q.format), q.rows, q.cols, q.group, zpack);
@@ -144,7 +143,7 @@ Weight CudaBackend::random_quantized_weight(WeightFormat format, int64_t rows, i
   check_packable(format, rows, cols, group, "random weight");
   // Random int4 groups have integer zero points (launch_qrandom): zero-packed like a quantized checkpoint's.
   Weight w = alloc_packed(int(format), rows, cols, group,
-                          zero_pack_enabled() && format == WeightFormat::Q4 && group < cols);
+                          g_zero_pack && format == WeightFormat::Q4 && group < cols);
   float s, b;
   qlayout::random_params(int(format), std, &s, &b);
   w.q8_symmetric = format == WeightFormat::Q8 && group == cols && b == -128.f * s;  // each row scales both by f

@@ -105,6 +105,18 @@ __device__ __forceinline__ float4 zparam_f32(uint32_t e) {
   const float2 s = f16x2_to_float2(e & 0xFFF0FFF0u);
   return make_float4(s.x, -s.x * float(e & 15u), s.y, -s.y * float((e >> 16) & 15u));
 }
+// A zero-packed entry with a decode offset folded into its biases: {s, −s·(2^L0 + z), s,
+// −s·(2^L1 + z)} for rows g and g + 8 (2^L + z built from z's bits: exact, 7 × ≤ 11 significant
+// bits; the same values as fma(−2^L, s, −s·z) from the 8-byte form). The GEMVs decode int4 codes
+// as 2^L + q (quant_gemv.cu: 128 + q; the ring: 1024 + q and 64 + q, in its units).
+template <int L0, int L1>
+__device__ __forceinline__ float4 zparam_folded(uint32_t e) {
+  static_assert(L0 >= 4 && L0 <= 23 && L1 >= 4 && L1 <= 23, "zparam_folded: 2^L above z's 4 bits");
+  const float2 s = f16x2_to_float2(e & 0xFFF0FFF0u);
+  const float o0 = __uint_as_float((uint32_t(127 + L0) << 23) | ((e & 15u) << (23 - L0)));
+  const float o1 = __uint_as_float((uint32_t(127 + L1) << 23) | (((e >> 16) & 15u) << (23 - L1)));
+  return make_float4(s.x, -s.x * o0, s.y, -s.y * o1);
+}
 // A grouped entry as loaded: the 8-byte form, or (zp) the zero-packed word in x.
 __device__ __forceinline__ float4 gparam_f32(uint2 raw, bool zp) { return zp ? zparam_f32(raw.x) : gparam_f32(raw); }
 __device__ __forceinline__ uint32_t ld_nc_u32(const uint32_t* p) {

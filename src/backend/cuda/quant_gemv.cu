@@ -210,16 +210,13 @@ __device__ __forceinline__ void flush_group(float (&cf)[NT][4], float (&cq)[NT][
   flush_scaled<FMT, NT>(cf, cq, cx, s0, b0, s1, b1);
 }
 // The same from a grouped entry as loaded (ld_gparam): zero-packed (zp, Q4) {s|z, s|z} gives the
-// decode's folded bias −s·(128 + z) directly (the f32 bits of 128 + z: exact, as fma(−128, s, −s·z)).
+// decode's folded bias −s·(128 + z) directly (zparam_folded).
 template <int FMT, bool XH, int NT>
 __device__ __forceinline__ void flush_entry(float (&cf)[NT][4], float (&cq)[NT][4], const float (&cx)[NT][4],
                                             uint2 raw, bool zp) {
   if (FMT == kQ4 && !XH && zp) {
-    const uint32_t e = raw.x;
-    const float2 sc = f16x2_to_float2(e & 0xFFF0FFF0u);
-    const float b0 = -sc.x * __uint_as_float(0x43000000u | ((e << 16) & 0x000F0000u));
-    const float b1 = -sc.y * __uint_as_float(0x43000000u | (e & 0x000F0000u));
-    return flush_scaled<FMT, NT>(cf, cq, cx, sc.x, b0, sc.y, b1);
+    const float4 p = zparam_folded<7, 7>(raw.x);
+    return flush_scaled<FMT, NT>(cf, cq, cx, p.x, p.y, p.z, p.w);
   }
   flush_group<FMT, XH, NT>(cf, cq, cx, gparam_f32(raw));
 }

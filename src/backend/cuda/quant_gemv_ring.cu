@@ -245,11 +245,8 @@ __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kern
             if (first) {
               const uint8_t* pg = slot + kChunkCodeBytes + (((tile * KT) >> gshift) * 8 + g) * kEntry;
               if constexpr (ZP) {  // {s|z, s|z}: the folded parameters of the flush below, directly
-                const uint32_t e = *reinterpret_cast<const uint32_t*>(pg);
-                const float2 sc = f16x2_to_float2(e & 0xFFF0FFF0u);
-                // −s·(1024 + z) and −s·(64 + z): the f32 bits of 1024 + z and 64 + z (exact products)
-                p = make_float4(16.f * sc.x, -sc.x * __uint_as_float(0x44800000u | ((e & 15u) << 13)), sc.y,
-                                -sc.y * __uint_as_float(0x42800000u | (((e >> 16) & 15u) << 17)));
+                p = zparam_folded<10, 6>(*reinterpret_cast<const uint32_t*>(pg));  // −s·(1024 + z), −s·(64 + z)
+                p.x *= 16.f;
               } else {
                 p = gparam_f32(*reinterpret_cast<const uint2*>(pg));  // f16 {s, b, s, b}
               }
