@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/quant_gemv_ring.h"
 #include "core/dtype.h"
 
 using namespace sala;
@@ -25,7 +26,6 @@ void set_qgemv_tuning(int nt_variant, bool trigger);  // quant_gemv.cu (tests an
 void set_qgemv_small_variant(int v);
 void run_sync_latency_bench();  // sync_latency.cu
 void run_stream_floor_bench();  // stream_floor.cu
-void set_qgemv_ring(int mode, int pre);  // quant_gemv_ring.cu
 void launch_read_tiles(const void* buf, int64_t bytes, int ctas, int stages, uint32_t* sink, cudaStream_t st);  // read_rate.cu
 }
 

@@ -466,7 +466,8 @@ void test_qgemv_prefetch(CpuBackend& cpu, CudaBackend& gpu) {
 // The one-row GEMV fed through a shared-memory ring (quant_gemv_ring.cu): where it applies (int4:
 // columns a multiple of 2048, groups of 64..2048 dividing 2048; per-row fp8, int8, symmetric int8
 // and int8 in groups of 32..1024 (the MLX 8-bit layout): columns a multiple of 1024), against the
-// CPU and the register GEMV it replaces (set_qgemv_ring(0)); int4 with 0, 2 and all chunks requested before the dependency wait; rows
+// CPU and the register GEMV it replaces (set_qgemv_ring(0)); int4 with 0, 2 and all chunks requested before the dependency wait,
+// every format with those chunks requested at once and paced 20000 cycles apart (bit for bit the default); rows
 // that end mid row block (1000, 4100); grouped parts (units across parts) bit for bit the
 // per-part launches; the fused gate/up + silu·mul bit for bit the unfused pair, every format.
 void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
@@ -493,16 +494,21 @@ void test_qgemv_ring(CpuBackend& cpu, CudaBackend& gpu) {
     }
     cuda::set_qgemv_ring(1, -1);  // the default
     const auto ring = run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32);
+    // The chunks before the wait requested at once and 10 µs apart: the same products bit for bit.
+    cuda::set_qgemv_ring(1, -1, 0);
+    const bool pace_same = run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32) == ring;
+    cuda::set_qgemv_ring(1, -1, 20000);
+    const bool slow_pace_same = run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32) == ring;
     cuda::set_qgemv_ring(0, -1);
     const auto reg = run_matmul(gpu, wg, x, 1, DType::BF16, DType::F32);
     cuda::set_qgemv_ring(1, -1);
     const double vs_reg = rel_err(ring, reg);
     const bool grouped = pm.group != pm.cols;
-    check(applies && worst < tol32 && worst16 < 1e-2 && vs_reg < tol32,
+    check(applies && worst < tol32 && worst16 < 1e-2 && vs_reg < tol32 && pace_same && slow_pace_same,
           strf("%s ring GEMV %lldx%lld%s", name, (long long)pm.rows, (long long)pm.cols,
                grouped ? strf(" g%lld", (long long)pm.group).c_str() : ""),
-          strf("%s; rel f32 %.2e bf16 %.2e; vs register GEMV %.2e", applies ? "ring taken" : "RING NOT TAKEN", worst,
-               worst16, vs_reg));
+          strf("%s; rel f32 %.2e bf16 %.2e; vs register GEMV %.2e; paced 0 / 20000 cycles %s", applies ? "ring taken" : "RING NOT TAKEN", worst,
+               worst16, vs_reg, pace_same && slow_pace_same ? "equal" : "DIFFER"));
   };
   for (const Shape& sh : {Shape{1000, 2048, 64}, Shape{4096, 4096, 128}, Shape{24, 4096, 2048}, Shape{4100, 8192, 256},
                           Shape{300, 16384, 128}, Shape{4096, 16384, 64}})

@@ -23,7 +23,8 @@
 // units [U·c/C, U·(c+1)/C) (a unit: one row block of one part; with ACT the gate's and the up's
 // row block). Its producer (one thread of a 17th warp) fills the ring in unit order — the first
 // `pre` chunks before the dependency wait (weights never depend on the previous kernel; more
-// would compete with the small kernels before this one for memory) — and each of 16 consumer
+// would compete with the small kernels before this one for memory), int4's paced ~1 µs apart
+// (kDefaultPace) — and each of 16 consumer
 // warps takes 2 tiles of every chunk, then frees it on its "empty" mbarrier. x is staged as f16
 // (·2⁻⁴) and the mma runs in f16: int4 codes are made f16 where they lie (1024 + q, 1024 + 16·q:
 // 5 instructions per 8 codes against the register GEMV's 7) and flushed per tile with the offsets
@@ -78,6 +79,7 @@ struct RingArgs {
   QGemvSet set;       // first[]: first unit of each part (ACT: gate and up, units = row blocks)
   const bf16* x;      // [1, in]
   int units, slots, pre, y_f32, trigger;
+  int pace;  // SM cycles between the chunks requested before the dependency wait (0: all at once)
 };
 
 __device__ __forceinline__ void mbar_arrive_one(uint32_t bar) {
@@ -156,6 +158,7 @@ __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kern
     if (lane != 0) return;
     int it = 0, s = 0;
     uint32_t phase = 0;  // of the slot's "empty" barrier to wait for, once the ring has gone round
+    const long long t0 = clock64();
     for (int u = u0; u < u1; ++u)
       for (int r = 0; r < R; ++r) {
         int part, rb;
@@ -165,6 +168,9 @@ __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kern
         const uint8_t* params = static_cast<const uint8_t*>(w.params) + size_t(rb) * size_t(groups) * 8 * kEntry;
         for (int cc = 0; cc < cpr; ++cc, ++it) {
           if (it == a.pre) grid_dep_wait();  // the rest once the kernels before have finished
+          // Paced: chunk i of those before the wait no earlier than i·pace cycles after the start.
+          if (it < a.pre)
+            while (clock64() - t0 < (long long)a.pace * it) __nanosleep(32);
           if (it >= slots) mbar_wait(empty + 8 * s, phase);
           uint8_t* slot = ring + size_t(s) * kSlotBytes<FMT>;
           mbar_arrive_expect_tx(full + 8 * s, uint32_t(kChunkCodeBytes + pbytes));
@@ -355,6 +361,7 @@ int g_ring_formats = env_or("SALA_CUDA_QGEMV_RING_FORMATS", 3);  // bit 0 int4, 
 int g_ring_slots = env_or("SALA_CUDA_QGEMV_RING_SLOTS", -1);  // at most this many chunks in the ring
 int g_ring_pre = env_or("SALA_CUDA_QGEMV_RING_PRE", -1);      // chunks requested before the dependency wait
 int g_ring_pair = env_or("SALA_CUDA_QGEMV_RING_PAIR", 1);     // 0: grouped weights flush per tile
+int g_ring_pace = env_or("SALA_CUDA_QGEMV_RING_PACE", -1);    // cycles between the pre-wait chunks
 // Defaults from the H100 4K batch-1 step (bench/results/2026-11-27-h100-ring-gemv.md): int4 4 chunks
 // before the wait (0: 2.77, 2: 2.58–2.62, 4: 2.53, 8: 2.59 ms/step for g128, f32 parameters then);
 // with f16 parameters (2026-11-27-h100-f16-group-params.md) 8 slots of 18 KB in one CTA per SM
@@ -369,6 +376,15 @@ template <int FMT>
 constexpr int kDefaultPre = FMT == kQ4 ? 3 : 8;
 template <int FMT>
 constexpr int kDefaultSlots = FMT == kQ4 ? 4 : 10;
+// int4's chunks before the wait are requested ~1 µs apart (2000 cycles at 1980 MHz) instead of at
+// once (bench/results/2026-11-27-ring-pacing.md): all 264 CTAs' 3 chunks in one burst (13 MB)
+// queue in L2 while the one-CTA residual norm before the product reads and writes its row, and
+// that norm then takes twice its uncongested time. H100, 4K batch 1, kernel trace: the 63 residual
+// norms 223 → 169 µs per step, the products after them +34, the step −30 µs; int4 g128 + lm_head
+// 2.95–2.96× → 2.99–3.02× bf16 (three interleaved pairs of five rounds). 8-bit: slower paced
+// (fp8 + lm_head 3.51 → 3.55 ms at 2000 cycles, neutral at 1000), so at once.
+template <int FMT>
+constexpr int kDefaultPace = FMT == kQ4 ? 2000 : 0;
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
@@ -394,6 +410,7 @@ void launch_ring_f(RingArgs a, bool pdl, cudaStream_t st) {
   const int cap = g_ring_slots >= 2 ? std::min(g_ring_slots, kMaxSlots) : kDefaultSlots<FMT>;
   a.slots = int(std::min<size_t>(cap, (kCtaSmem<FMT> - fixed - 16 * kMaxSlots) / kSlotBytes<FMT>));
   a.pre = g_ring_pre >= 0 ? g_ring_pre : kDefaultPre<FMT>;
+  a.pace = !pdl ? 0 : g_ring_pace >= 0 ? g_ring_pace : kDefaultPace<FMT>;  // without PDL nothing runs before it
   const size_t smem = size_t(a.slots) * kSlotBytes<FMT> + fixed + 16 * size_t(a.slots);
   auto* kernel = qgemv_ring_kernel<FMT, ACT, LOADS_ONLY, PAIR, ZP>;
   static const bool attr =
@@ -428,9 +445,10 @@ void launch_ring(const RingArgs& a, bool pdl, cudaStream_t st) {
 
 }  // namespace
 
-void set_qgemv_ring(int mode, int pre) {
+void set_qgemv_ring(int mode, int pre, int pace) {
   g_ring_mode = mode;
   g_ring_pre = pre;
+  g_ring_pace = pace;
 }
 
 bool qgemv_ring_applies(const QGemvSet& set, int N) {
@@ -463,7 +481,7 @@ bool qgemv_ring_applies(const QGemvSet& set, int N) {
 }
 
 void launch_qgemv_ring(const QGemvSet& set, const void* x, bool y_f32, bool trigger, bool pdl, cudaStream_t st) {
-  RingArgs a{set, static_cast<const bf16*>(x), 0, 0, 0, int(y_f32), int(trigger && pdl)};
+  RingArgs a{set, static_cast<const bf16*>(x), 0, 0, 0, int(y_f32), int(trigger && pdl), 0};
   unsigned units = 0;
   for (int i = 0; i < set.count; ++i) {
     a.set.first[i] = units;
@@ -475,7 +493,7 @@ void launch_qgemv_ring(const QGemvSet& set, const void* x, bool y_f32, bool trig
 }
 
 void launch_qgemv_ring_act(const QGemvSet& set, const void* x, bool trigger, bool pdl, cudaStream_t st) {
-  RingArgs a{set, static_cast<const bf16*>(x), int((set.part[0].w.out + 15) / 16), 0, 0, 0, int(trigger && pdl)};
+  RingArgs a{set, static_cast<const bf16*>(x), int((set.part[0].w.out + 15) / 16), 0, 0, 0, int(trigger && pdl), 0};
   launch_ring<true>(a, pdl, st);
 }
 

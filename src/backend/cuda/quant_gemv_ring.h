@@ -20,7 +20,8 @@ void launch_qgemv_ring(const QGemvSet& set, const void* x, bool y_f32, bool trig
 void launch_qgemv_ring_act(const QGemvSet& set, const void* x, bool trigger, bool pdl, cudaStream_t st);
 // Tests and benchmarks: mode 0 off, 1 on, 2 loads only (wrong outputs: what the ring moves without
 // the decode); pre ≥ 0 chunks requested before the dependency wait, < 0 the format's default
-// (SALA_CUDA_QGEMV_RING_PRE sets the start value).
-void set_qgemv_ring(int mode, int pre);
+// (SALA_CUDA_QGEMV_RING_PRE sets the start value); pace ≥ 0 SM cycles between those chunks (with
+// programmatic dependent launch), < 0 the format's default (SALA_CUDA_QGEMV_RING_PACE).
+void set_qgemv_ring(int mode, int pre, int pace = -1);
 
 }  // namespace sala::cuda
