@@ -159,6 +159,12 @@ __device__ __forceinline__ uint4 ld_weight(const uint4* p) {
 }
 #endif
 
+// rint(v / s) with IEEE division (the CPU reference's rounding), exact zeros answered without
+// dividing: the same result (±0 → 0), but a zero dividend takes the division's slow path, and the
+// rows of int4 with integer zero points are 1/16 zeros (code = z). H100, int4 g64 + lm_head
+// --int8-prefill at 4K: 29960 → 32212 tok/s (bench/results/2026-11-27-ring-pacing.md).
+__device__ __forceinline__ int rint_div(float v, float s) { return v == 0.f ? 0 : __float2int_rn(__fdiv_rn(v, s)); }
+
 // 16-byte global -> shared copy; src_bytes = 0 fills the destination with zeros.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
 #ifdef SALA_PRE_SM80

@@ -814,7 +814,7 @@ __global__ void __launch_bounds__(256) qrequant_int8_kernel(QWeight w, int64_t r
     uint32_t packed = 0;
 #pragma unroll
     for (int cc = 0; cc < 4; ++cc)
-      packed |= uint32_t(max(-127, min(127, __float2int_rn(__fdiv_rn(v[cc], s)))) & 0xff) << (8 * cc);
+      packed |= uint32_t(max(-127, min(127, rint_div(v[cc], s))) & 0xff) << (8 * cc);
     *reinterpret_cast<uint32_t*>(dst + (row - row0) * in + k) = packed;
   });
   if (threadIdx.x < 16) {

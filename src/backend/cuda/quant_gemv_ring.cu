@@ -381,8 +381,9 @@ constexpr int kDefaultSlots = FMT == kQ4 ? 4 : 10;
 // queue in L2 while the one-CTA residual norm before the product reads and writes its row, and
 // that norm then takes twice its uncongested time. H100, 4K batch 1, kernel trace: the 63 residual
 // norms 223 → 169 µs per step, the products after them +34, the step −30 µs; int4 g128 + lm_head
-// 2.95–2.96× → 2.99–3.02× bf16 (three interleaved pairs of five rounds). 8-bit: slower paced
-// (fp8 + lm_head 3.51 → 3.55 ms at 2000 cycles, neutral at 1000), so at once.
+// a median 2.956× → 3.007× bf16 over ~20 interleaved comparisons. 1500–2000 cycles is the optimum
+// (1000 gains less, 3000 and more land chunks after the wait). 8-bit: slower paced (fp8 + lm_head
+// 3.51 → 3.55 ms at 2000 cycles, neutral at 1000), so at once.
 template <int FMT>
 constexpr int kDefaultPace = FMT == kQ4 ? 2000 : 0;
 

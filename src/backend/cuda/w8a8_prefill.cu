@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kQuantThreads) quant_rows_int8_kernel(const bf
     uint32_t packed = 0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int v = max(-127, min(127, __float2int_rn(__fdiv_rn(f[j], s))));
+      const int v = max(-127, min(127, rint_div(f[j], s)));
       sum += v;
       packed |= uint32_t(v & 0xff) << (8 * j);
     }
