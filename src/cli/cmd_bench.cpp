@@ -93,7 +93,8 @@ Runner setup(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_flag("--kernel-trace", o->kernel_trace,
                "CUDA: trace the timed decode steps' kernels (CUPTI) and print, per row, which kernels the step "
-               "waits on (engine/kernel_timeline.h); the rows are then timed with the trace on");
+               "waits on (engine/kernel_timeline.h), and for batch-1 rows the same for the prefill; the rows are "
+               "then timed with the trace on");
   app.add_option("--kernel-trace-csv", o->kernel_trace_csv,
                  "with --kernel-trace: write every traced launch here as CSV (row, step, index, kernel, CTAs, "
                  "start/end/exposed µs from the step's first kernel), to read a step launch by launch");
@@ -218,6 +219,7 @@ Runner setup(CLI::App& app) {
 #endif
     }
     std::string timeline;  // the last row's kernel timeline (--kernel-trace)
+    std::string prefill_timeline;  // and its batch-1 prefill's
     std::string spans_csv = kKernelSpansCsvHeader;  // every traced row's launches (--kernel-trace-csv)
     int traced_rows = 0;
     const Ceilings ceil = measure_ceilings(*backend, gpu);
@@ -285,7 +287,8 @@ Runner setup(CLI::App& app) {
                   o->decode_steps, mib(weights), mib(cache.kv), mib(cache.compressed), mib(cache.states),
                   known ? fmt::format("{:.1f}", mib(workspace)).c_str() : "-",
                   ms.peak >= 0 ? fmt::format("{:.1f}", mib(double(ms.peak))).c_str() : "-");
-      if (!timeline.empty()) std::printf("%s", std::exchange(timeline, {}).c_str());
+      if (!prefill_timeline.empty()) std::printf("prefill kernels:\n%s", std::exchange(prefill_timeline, {}).c_str());
+      if (!timeline.empty()) std::printf("decode kernels:\n%s", std::exchange(timeline, {}).c_str());
       std::fflush(stdout);
       rows.push_back({{"context", ctx}, {"batch", batch}, {"prefill_tok_s", prefill_tps},
                       {"prefill_pct_matmul", prefill_pct}, {"ttft_s", ttft}, {"decode_tok_s", double(batch) / step},
@@ -304,7 +307,15 @@ Runner setup(CLI::App& app) {
       const int64_t max_ctx = contexts.back() + int64_t(contexts.size()) * (o->decode_steps + 2) + 1;
       const EngineOptions eo{.max_sequences = 1, .max_context = max_ctx};
       Engine e(*m.model, eo);
-      auto prefill = [&](int s, int64_t ctx) { return prefill_to(e, *backend, s, ctx, o->chunk, token); };
+      // --kernel-trace: the prefill's kernels too (the whole prefill counts as one step, so
+      // "exposed" is each kernel family's share of it).
+      auto prefill = [&](int s, int64_t ctx) {
+        std::vector<uint64_t> marks;
+        if (trace) trace->take(), marks.push_back(trace->now());
+        const double t = prefill_to(e, *backend, s, ctx, o->chunk, token);
+        if (trace) prefill_timeline = format_kernel_timeline(kernel_timeline(trace->take(), marks));
+        return t;
+      };
       // Warm-up: one chunk on a throwaway sequence (library handles, heuristics, lazy scratch), so
       // the first row's prefill is not the process's first forward.
       {

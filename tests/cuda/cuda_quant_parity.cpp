@@ -736,7 +736,8 @@ void test_fp8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
   };
   const Case cases[] = {{400, 512, 65, DType::BF16, true},    {4096, 4096, 300, DType::BF16, true},
                         {1000, 1024, 129, DType::F32, true},   {4096, 16384, 96, DType::BF16, true},
-                        {400, 512, 64, DType::BF16, false},    {96, 520, 80, DType::BF16, false}};
+                        {400, 512, 64, DType::BF16, false},    {96, 520, 80, DType::BF16, false},
+                        {64, 16400, 80, DType::BF16, false}};  // rows longer than the activation quantizer's
   for (const Case& c : cases) {
     const PackedMatrix pm = random_packed(WeightFormat::FP8, c.out, c.in, c.in, 7 + uint64_t(c.in));
     const Weight wc = cpu.load_quantized_weight(pm.view(), "fp8"), wg = gpu.load_quantized_weight(pm.view(), "fp8");
@@ -796,7 +797,7 @@ void test_int8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
                         {Q8, 1002, 1024, 70, 1024, DType::F32, false, true}, {Q8, 256, 512, 80, 64, DType::BF16, false, true},
                         {Q4, 4096, 4096, 200, 64, DType::BF16, false, true}, {Q4, 1000, 1024, 90, 128, DType::F32, false, true},
                         {Q8, 400, 512, 64, 512, DType::BF16, false, false},  {Q4, 400, 512, 64, 64, DType::BF16, false, false},
-                        {Q8, 96, 520, 80, 520, DType::BF16, false, false}};
+                        {Q8, 96, 520, 80, 520, DType::BF16, false, false}, {Q8, 64, 16400, 80, 16400, DType::BF16, false, false}};
   for (const Case& c : cases) {
     PackedMatrix pm = random_packed(c.f, c.out, c.in, c.group, 11 + uint64_t(c.in));
     if (c.affine)
@@ -834,6 +835,63 @@ void test_int8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
       check(false, name, ex.what());
     }
   }
+}
+
+// W8A8 products that share their input (matmul_group: q/k/v/gate, MLP gate/up) quantize it once:
+// each part bit for bit its own matmul with the option on, for every W8A8 format; a group with a
+// part the option cannot take runs part by part (the same bits as its own matmuls).
+void test_w8a8_group(CudaBackend& gpu) {
+  struct Case {
+    const char* name;
+    WeightFormat f;
+    int64_t group;
+    bool fp8;
+  };
+  const Case cases[] = {{"fp8", WeightFormat::FP8, 1024, true},
+                        {"int8", WeightFormat::Q8, 1024, false},
+                        {"int4 g64", WeightFormat::Q4, 64, false},
+                        {"int8 g128", WeightFormat::Q8, 128, false}};
+  const int64_t in = 1024, n = 200;
+  const auto x = randn(size_t(n * in), 2024);
+  for (const Case& c : cases) {
+    std::vector<Weight> ws;
+    int seed = 0;
+    for (int64_t out : {1024, 256, 512}) {
+      const PackedMatrix pm = random_packed(c.f, out, in, c.group, 300 + uint64_t(seed++));
+      ws.push_back(gpu.load_quantized_weight(pm.view(), c.name));
+    }
+    c.fp8 ? gpu.set_fp8_prefill(true) : gpu.set_int8_prefill(true);
+    try {
+      const GroupRun r = run_group(gpu, ws, x, n, DType::BF16, DType::BF16);
+      GroupRun off;
+      c.fp8 ? gpu.set_fp8_prefill(false) : gpu.set_int8_prefill(false);
+      off = run_group(gpu, ws, x, n, DType::BF16, DType::BF16);
+      for (size_t i = 0; i < ws.size(); ++i) {
+        const std::string name = strf("W8A8 group %s part %zu [%lld, %lld] N=%lld", c.name, i,
+                                      (long long)ws[i].out(), (long long)in, (long long)n);
+        check(r.grouped[i] == r.single[i] && rel_err(r.grouped[i], off.single[i]) > 1e-4, name,
+              strf("grouped == own matmul: %s; rel %.2e vs weight-only", r.grouped[i] == r.single[i] ? "yes" : "no",
+                   rel_err(r.grouped[i], off.single[i])));
+      }
+    } catch (const std::exception& ex) {
+      check(false, strf("W8A8 group %s", c.name), ex.what());
+    }
+    gpu.set_fp8_prefill(false);
+    gpu.set_int8_prefill(false);
+  }
+  // fp8 with a part of 100 outputs (rows of 200 bytes: cuBLASLt's fp8 output needs 16-byte rows):
+  // that part stays weight-only and the group runs part by part.
+  gpu.set_fp8_prefill(true);
+  try {
+    std::vector<Weight> ws;
+    for (int64_t out : {256, 100})
+      ws.push_back(gpu.load_quantized_weight(random_packed(WeightFormat::FP8, out, in, in, 900 + uint64_t(out)).view(), "fp8"));
+    const GroupRun r = run_group(gpu, ws, x, n, DType::BF16, DType::BF16);
+    check(r.grouped == r.single, "W8A8 group fp8 with an unfit part", "each part equals its own matmul");
+  } catch (const std::exception& ex) {
+    check(false, "W8A8 group fp8 with an unfit part", ex.what());
+  }
+  gpu.set_fp8_prefill(false);
 }
 
 void test_random_and_errors(CpuBackend& cpu, CudaBackend& gpu) {
@@ -1038,6 +1096,7 @@ void test_quant_parity(int& pass, int& fail) {
     test_matmul_silu_mul(cpu, gpu);
     test_fp8_prefill(cpu, gpu);
     test_int8_prefill(cpu, gpu);
+    test_w8a8_group(gpu);
     test_random_and_errors(cpu, gpu);
     test_models();
     test_batched_fused();

@@ -171,17 +171,32 @@ class CudaBackend final : public Backend {
   void gemm_cublas(const Mat& x, const Weight& w, Mat y);
   void matmul_packed(const Mat& x, const Weight& w, Mat y);  // cuda_quant.cpp
   void matmul_group_packed(const Mat& x, std::span<const MatmulPart> parts);  // cuda_quant.cpp
-  // The reason the fp8 prefill product cannot take this weight and output (empty: it can).
-  std::string fp8_prefill_unfit(const Weight& w, const Mat& y) const;  // cuda_quant.cpp
-  void matmul_fp8_activations(const void* xb, int64_t N, const Weight& w, Mat y);  // cuda_quant.cpp
-  std::string int8_prefill_unfit(const Weight& w, const Mat& y) const;  // cuda_quant.cpp
-  void matmul_int8_activations(const void* xb, int64_t N, const Weight& w, Mat y);  // cuda_quant.cpp
+  // W8A8 prefill products (cuda_quant.cpp). The unfit functions give the reason the fp8 / int8
+  // product cannot take this weight and output (empty: it can); w8a8_path which product takes
+  // x [N, in] · wᵀ (None: weight-only). x's rows are quantized once (quantize_rows) for every
+  // product that shares them (matmul_group).
+  enum class W8A8Path { None, Fp8, Int8 };
+  struct QuantizedRows {
+    const uint8_t* codes;  // [n, in] e4m3 or int8
+    const float* scales;   // [n] per-row scales
+    const float* sums;     // [n] int8: s·Σq per row
+    int64_t n;
+    W8A8Path path;
+  };
+  std::string fp8_prefill_unfit(const Weight& w, const Mat& y) const;
+  std::string int8_prefill_unfit(const Weight& w, const Mat& y) const;
+  W8A8Path w8a8_path(const Weight& w, int64_t N, const Mat& y) const;
+  QuantizedRows quantize_rows(const void* xb, int64_t N, int64_t in, W8A8Path path);
+  void matmul_w8a8(const QuantizedRows& xq, const Weight& w, Mat y);
+  void matmul_fp8_activations(const QuantizedRows& xq, const Weight& w, Mat y);
+  void matmul_int8_activations(const QuantizedRows& xq, const Weight& w, Mat y);
   const void* packed_input(const Mat& x);  // x as 8-byte aligned bf16 rows
   // The column-split workspace for a packed product of n rows (≤ 32) and `rows` outputs, or null
   // where the split does not apply (cuda_quant.cpp).
   float* qsplit_workspace(int64_t n, int64_t rows, size_t* floats);
   int qgemv_warps() const;
   Weight alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group, bool zpack);
+  void finish_packed(const Weight& w);  // the row maxima of weights --int8-prefill requantizes
   const float* inv_freq(double theta, int head_dim);
   cuda::GlaArgs gla_args(int layer, const Mat& q, const Mat& k, const Mat& v, const Mat& out) const;
   void clear_graphs();

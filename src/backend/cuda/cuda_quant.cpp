@@ -97,18 +97,26 @@ void cuda::set_zero_pack(bool on) { g_zero_pack = on; }
 Weight CudaBackend::alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group, bool zpack) {
   const qlayout::TileGeom geo{fmt, rows, cols, group, zpack};
   const size_t code_bytes = size_t(geo.code_bytes()), param_bytes = size_t(geo.param_bytes());
+  // Weights --int8-prefill requantizes keep their row maxima after the parameters (4 bytes a row;
+  // filled by finish_packed once the codes and parameters are in place).
+  const bool requantized = fmt == qlayout::kQ4 || (fmt == qlayout::kQ8 && group < cols);
   Weight w;
-  w.storage = alloc(align256(code_bytes) + param_bytes);
+  w.storage = alloc(align256(code_bytes) + align256(param_bytes) + (requantized ? size_t(rows) * 4 : 0));
   auto* base = static_cast<uint8_t*>(w.storage->data());
   w.w = Mat{base, DType::U8, rows, cols};
   w.format = WeightFormat(fmt);
   w.group = group;
   w.scales = base + align256(code_bytes);
+  if (requantized) w.row_absmax = base + align256(code_bytes) + align256(param_bytes);
   w.zero_packed = zpack;
   w.packed_bytes = code_bytes + param_bytes;  // padding rows/columns included: a product reads them
   if (qscratch_.capacity() == 0) qscratch_.reserve(qscratch_bytes());
   cuda::qgemm_available();  // probed here, outside any graph capture
   return w;
+}
+
+void CudaBackend::finish_packed(const Weight& w) {
+  if (w.row_absmax) cuda::launch_qrow_absmax(qweight(w), static_cast<float*>(w.row_absmax), stream_);
 }
 
 Weight CudaBackend::load_quantized_weight(const QuantMatrixView& q, const std::string& name) {
@@ -127,6 +135,7 @@ Weight CudaBackend::load_quantized_weight(const QuantMatrixView& q, const std::s
   std::vector<uint8_t> params(size_t(geo.param_bytes()));
   qlayout::tile_params(geo, q.scales.data(), q.biases.empty() ? nullptr : q.biases.data(), params.data());
   SALA_CUDA_CHECK(cudaMemcpyAsync(w.scales, params.data(), params.size(), cudaMemcpyHostToDevice, stream_));
+  finish_packed(w);
   SALA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // staging and params are freed on return
   w.q8_symmetric = q.format == WeightFormat::Q8 && q.group == q.cols && q.biases.size() == q.scales.size() &&
                    std::equal(q.biases.begin(), q.biases.end(), q.scales.begin(),
@@ -148,6 +157,7 @@ Weight CudaBackend::random_quantized_weight(WeightFormat format, int64_t rows, i
   qlayout::random_params(int(format), std, &s, &b);
   w.q8_symmetric = format == WeightFormat::Q8 && group == cols && b == -128.f * s;  // each row scales both by f
   cuda::launch_qrandom(qweight(w), w.w.data, w.scales, s, b, seed, stream_);
+  finish_packed(w);
   SALA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return w;
 }
@@ -184,24 +194,8 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
   const size_t ysize = dtype_size(y.dtype);
   // Batch-invariant backends: one fixed launch shape (8 warps) in launches of ≤ 8 rows, up to 64 rows.
   const int64_t rows_per_launch = batch_invariant_ ? 8 : 32;
-  // W8A8 prefill; a product it cannot take says why, once, and stays weight-only.
-  const auto w8a8_unfit = [](std::once_flag& flag, const char* option, const std::string& why) {
-    std::call_once(flag, [&] {
-      std::fprintf(stderr, "warning: %s: %s; such products stay weight-only (bf16 activations)\n", option, why.c_str());
-    });
-  };
-  if (int8_prefill_ && (w.format == WeightFormat::Q8 || w.format == WeightFormat::Q4) && N >= kW8A8PrefillMinRows) {
-    const std::string unfit = int8_prefill_unfit(w, y);
-    if (unfit.empty()) return matmul_int8_activations(xb, N, w, y);
-    static std::once_flag warned;
-    w8a8_unfit(warned, "--int8-prefill", unfit);
-  }
-  if (fp8_prefill_ && w.format == WeightFormat::FP8 && N >= kW8A8PrefillMinRows) {
-    const std::string unfit = fp8_prefill_unfit(w, y);
-    if (unfit.empty()) return matmul_fp8_activations(xb, N, w, y);
-    static std::once_flag warned;
-    w8a8_unfit(warned, "--fp8-prefill", unfit);
-  }
+  if (const W8A8Path path = w8a8_path(w, N, y); path != W8A8Path::None)
+    return matmul_w8a8(quantize_rows(xb, N, in, path), w, y);
   // The GEMM that decodes the codes in its load path (quant_gemm.cu), where it is the faster path:
   // 33–256 rows of matrices whose tiles fill the GPU, 257–512 of 8-bit 64M-weight ones
   // (qgemm_preferred). The decode GEMV takes up to 32 rows per launch (each decoded weight feeds 4
@@ -265,6 +259,8 @@ std::string CudaBackend::fp8_prefill_unfit(const Weight& w, const Mat& y) const 
   if (w.group != w.in()) return fmt::format("an FP8 weight with {} scales per row", w.in() / w.group);
   // cuBLASLt's fp8 operands: leading dimensions multiples of 16 bytes, D of 16 bytes.
   if (w.in() % 16 != 0) return fmt::format("{} input columns are not a multiple of 16", w.in());
+  if (w.in() > cuda::kQuantRowsMaxIn)
+    return fmt::format("{} input columns exceed the {} of the activation quantizer", w.in(), cuda::kQuantRowsMaxIn);
   if ((y.cols * int64_t(dtype_size(y.dtype))) % 16 != 0 || (reinterpret_cast<uintptr_t>(y.data) & 15) != 0)
     return fmt::format("an output of {} columns ({}) is not 16-byte aligned", y.cols, dtype_name(y.dtype));
   if (size_t(w.in()) * 16 + 256 + 64 > qscratch_.capacity())
@@ -284,6 +280,10 @@ std::string CudaBackend::int8_prefill_unfit(const Weight& w, const Mat& y) const
   // cuBLASLt's int8 operands: leading dimensions multiples of 16 bytes.
   if (w.in() % 16 != 0) return fmt::format("{} input columns are not a multiple of 16", w.in());
   if (y.dtype != DType::BF16 && y.dtype != DType::F32) return fmt::format("an output of dtype {}", dtype_name(y.dtype));
+  if (w.in() > cuda::kQuantRowsMaxIn)
+    return fmt::format("{} input columns exceed the {} of the activation quantizer", w.in(), cuda::kQuantRowsMaxIn);
+  if (!(w.format == WeightFormat::Q8 && w.group == w.in()) && !w.row_absmax)
+    return "the weight has no row maxima to requantize with (not loaded by this backend)";
   if (int8_block_row_bytes(w) * 16 + 1024 > qscratch_.capacity())
     return fmt::format("a row block of {} columns does not fit the {} MiB scratch", w.in(), qscratch_.capacity() >> 20);
   return {};
@@ -374,18 +374,47 @@ class LtBlockPlan {
 
 }  // namespace
 
+// Which W8A8 product (--fp8-prefill, --int8-prefill) takes x [N, in] · wᵀ -> y, if any. A product
+// the switched-on option cannot take says why, once, and stays weight-only.
+CudaBackend::W8A8Path CudaBackend::w8a8_path(const Weight& w, int64_t N, const Mat& y) const {
+  if (N < kW8A8PrefillMinRows) return W8A8Path::None;
+  const bool int8 = int8_prefill_ && (w.format == WeightFormat::Q8 || w.format == WeightFormat::Q4);
+  const bool fp8 = fp8_prefill_ && w.format == WeightFormat::FP8;
+  if (!int8 && !fp8) return W8A8Path::None;
+  const std::string unfit = int8 ? int8_prefill_unfit(w, y) : fp8_prefill_unfit(w, y);
+  if (unfit.empty()) return int8 ? W8A8Path::Int8 : W8A8Path::Fp8;
+  static std::once_flag warned_int8, warned_fp8;
+  std::call_once(int8 ? warned_int8 : warned_fp8, [&] {
+    std::fprintf(stderr, "warning: %s: %s; such products stay weight-only (bf16 activations)\n",
+                 int8 ? "--int8-prefill" : "--fp8-prefill", unfit.c_str());
+  });
+  return W8A8Path::None;
+}
+
+// The activation rows of a W8A8 product in fp8x_: e4m3 or int8 codes, their scales and (int8)
+// s·Σq. Valid until the next quantization: the parts of a group share one (matmul_group).
+CudaBackend::QuantizedRows CudaBackend::quantize_rows(const void* xb, int64_t N, int64_t in, W8A8Path path) {
+  const size_t codes = align256(size_t(N * in)), floats = align256(size_t(N) * 4);
+  auto* q = static_cast<uint8_t*>(fp8x_.reserve(codes + 2 * floats));
+  auto* scales = reinterpret_cast<float*>(q + codes);
+  auto* sums = reinterpret_cast<float*>(q + codes + floats);
+  if (path == W8A8Path::Fp8) cuda::launch_quant_rows_fp8(xb, in, N, in, q, scales, stream_);
+  else cuda::launch_quant_rows_int8(xb, in, N, in, q, scales, sums, stream_);
+  return {q, scales, sums, N, path};
+}
+
+void CudaBackend::matmul_w8a8(const QuantizedRows& xq, const Weight& w, Mat y) {
+  if (xq.path == W8A8Path::Fp8) matmul_fp8_activations(xq, w, y);
+  else matmul_int8_activations(xq, w, y);
+}
+
 // y = (x quantized per row to e4m3) · (W's e4m3 codes)ᵀ scaled by s_x[n]·s_w[o] (cuBLASLt outer-
 // vector scales, fp32 accumulation). In cuBLASLt's column-major terms: D[rows, N] = Aᵀ·B with A
 // the weight rows (K × rows, ld in) and B the quantized x (K × N), so the A scales are the weight's
 // per-row scales and the B scales the activations'. Row blocks of W are copied out of the GEMV
 // tile layout into qscratch_ (1 byte per weight, with the block's scales after the codes).
-void CudaBackend::matmul_fp8_activations(const void* xb, int64_t N, const Weight& w, Mat y) {
-  const int64_t in = w.in(), out = w.out();
-  const size_t xq_bytes = align256(size_t(N * in));
-  auto* xq = static_cast<uint8_t*>(fp8x_.reserve(xq_bytes + size_t(N) * 4));
-  float* xs = reinterpret_cast<float*>(xq + xq_bytes);
-  cuda::launch_quant_rows_fp8(xb, in, N, in, xq, xs, stream_);
-
+void CudaBackend::matmul_fp8_activations(const QuantizedRows& xq, const Weight& w, Mat y) {
+  const int64_t in = w.in(), out = w.out(), N = xq.n;
   const int64_t block = std::min<int64_t>(out, int64_t((qscratch_.capacity() - 256) / size_t(in + 4)) / 16 * 16);
   auto* wq = static_cast<uint8_t*>(qscratch_.data());
   float* ws = reinterpret_cast<float*>(wq + align256(size_t(block * in)));
@@ -395,7 +424,7 @@ void CudaBackend::matmul_fp8_activations(const void* xb, int64_t N, const Weight
   lt_set(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_MODE, outer);
   lt_set(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_MODE, outer);
   lt_set(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(ws));
-  lt_set(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(xs));
+  lt_set(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(xq.scales));
   LtBlockPlan plan(cublas_lt_, desc.get(), CUDA_R_8F_E4M3, y.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F, in, N);
   const float alpha = 1.f, beta = 0.f;
   for (int64_t o0 = 0; o0 < out; o0 += block) {
@@ -403,7 +432,7 @@ void CudaBackend::matmul_fp8_activations(const void* xb, int64_t N, const Weight
     cuda::launch_qcanonical(qweight(w), o0, rows, wq, ws, nullptr, stream_);
     SALA_CHECK(plan.plan(rows, y.cols), "--fp8-prefill: cuBLASLt has no fp8 GEMM for [{}, {}] x [{}, {}] -> {} on {}",
                N, in, rows, in, dtype_name(y.dtype), props_.name);
-    plan.run(&alpha, wq, xq, &beta, static_cast<uint8_t*>(y.data) + size_t(o0) * dtype_size(y.dtype), cublas_ws_,
+    plan.run(&alpha, wq, xq.codes, &beta, static_cast<uint8_t*>(y.data) + size_t(o0) * dtype_size(y.dtype), cublas_ws_,
              kCublasWorkspace, stream_);
   }
 }
@@ -416,15 +445,10 @@ void CudaBackend::matmul_fp8_activations(const void* xb, int64_t N, const Weight
 // qrequant_int8_kernel). Column-major terms as for fp8: D[rows, N] = Aᵀ·B, A the weight block's rows (K ×
 // rows, ld in), B the quantized x. Blocks are bounded by the weight scratch and by kInt8AccBytes
 // of int32 products.
-void CudaBackend::matmul_int8_activations(const void* xb, int64_t N, const Weight& w, Mat y) {
+void CudaBackend::matmul_int8_activations(const QuantizedRows& xq, const Weight& w, Mat y) {
   constexpr size_t kInt8AccBytes = size_t(128) << 20;
-  const int64_t in = w.in(), out = w.out();
+  const int64_t in = w.in(), out = w.out(), N = xq.n;
   const bool exact = w.format == WeightFormat::Q8 && w.group == in;
-  const size_t xq_bytes = align256(size_t(N * in));
-  auto* xq = static_cast<uint8_t*>(fp8x_.reserve(xq_bytes + align256(size_t(N) * 4) + size_t(N) * 4));
-  float* xs = reinterpret_cast<float*>(xq + xq_bytes);
-  float* xsum = reinterpret_cast<float*>(xq + xq_bytes + align256(size_t(N) * 4));
-  cuda::launch_quant_rows_int8(xb, in, N, in, xq, xs, xsum, stream_);
 
   int64_t block = std::min<int64_t>(out, int64_t((qscratch_.capacity() - 1024) / int8_block_row_bytes(w)) / 16 * 16);
   block = std::max<int64_t>(16, std::min<int64_t>(block, int64_t(kInt8AccBytes / (size_t(N) * 4)) / 16 * 16));
@@ -440,11 +464,11 @@ void CudaBackend::matmul_int8_activations(const void* xb, int64_t N, const Weigh
   for (int64_t o0 = 0; o0 < out; o0 += block) {
     const int64_t rows = std::min(block, out - o0);
     if (exact) cuda::launch_qcanonical(qweight(w), o0, rows, wq, ws, wc, stream_);
-    else cuda::launch_qrequant_int8(qweight(w), o0, rows, wq, ws, wc, stream_);
+    else cuda::launch_qrequant_int8(qweight(w), static_cast<const float*>(w.row_absmax), o0, rows, wq, ws, wc, stream_);
     SALA_CHECK(plan.plan(rows, rows), "--int8-prefill: cuBLASLt has no int8 GEMM for [{}, {}] x [{}, {}] on {}", N,
                in, rows, in, props_.name);
-    plan.run(&alpha, wq, xq, &beta, acc, cublas_ws_, kCublasWorkspace, stream_);
-    cuda::launch_int8_epilogue(acc, rows, N, ws, wc, xs, xsum,
+    plan.run(&alpha, wq, xq.codes, &beta, acc, cublas_ws_, kCublasWorkspace, stream_);
+    cuda::launch_int8_epilogue(acc, rows, N, ws, wc, xq.scales, xq.sums,
                                static_cast<uint8_t*>(y.data) + size_t(o0) * dtype_size(y.dtype), ydt, y.cols, stream_);
   }
 }

@@ -197,12 +197,13 @@ void launch_qgemv_act(const QWeight& gate, const QWeight& up, const void* x, int
 // Rows [row0, row0 + rows) of W (row0 % 16 == 0) as bf16 row-major [rows, in] (prefill: cuBLAS
 // multiplies them).
 void launch_qdequant(const QWeight& w, int64_t row0, int64_t rows, void* dst, cudaStream_t st);
-// W8A8 prefill (w8a8_prefill.cu). Activations: bf16 rows x [N, ldx] -> e4m3 or int8 q [N, in]
-// (row-major) with one scale per row (max|x| / 448 or / 127; int8 also scale·Σq). Weights: rows
+// W8A8 prefill (w8a8_prefill.cu). Activations: bf16 rows x [N, ldx] (in ≤ kQuantRowsMaxIn: a row
+// is held in registers) -> e4m3 or int8 q [N, in] (row-major) with one scale per row (max|x| / 448 or / 127; int8 also scale·Σq). Weights: rows
 // [row0, row0 + rows) (row0 % 16 == 0) of a per-row FP8 or Q8 weight as row-major bytes [rows, in]
 // (Q8: code − 128) with their scales [rows] (Q8: and offsets 128·s + b; FP8: offsets unused).
 // int8 epilogue: cuBLASLt's int32 products (column-major [rows, N]) -> y[n, r] =
 // fma(offset_r, (s·Σq)_n, (acc·scale_r)·s_n).
+constexpr int64_t kQuantRowsMaxIn = 16384;
 void launch_quant_rows_fp8(const void* x, int64_t ldx, int64_t N, int64_t in, void* q, float* scales,
                            cudaStream_t st);
 void launch_quant_rows_int8(const void* x, int64_t ldx, int64_t N, int64_t in, void* q, float* scales,
@@ -211,11 +212,13 @@ void launch_qcanonical(const QWeight& w, int64_t row0, int64_t rows, void* codes
                        cudaStream_t st);
 void launch_int8_epilogue(const int32_t* acc, int64_t rows, int64_t N, const float* sw, const float* cw,
                           const float* sx, const float* sxsum, void* y, Dt dty, int64_t ldy, cudaStream_t st);
-// --int8-prefill for Q4 / grouped Q8 (quant_gemv.cu): rows [row0, row0 + rows) (row0 % 16 == 0) as
-// row-major int8 requantized per row from their bf16 dequantization (scale max|w| / 127, offset 0)
-// — the bits of launch_qdequant followed by launch_quant_rows_int8, in one pass.
-void launch_qrequant_int8(const QWeight& w, int64_t row0, int64_t rows, void* codes, float* scales, float* offsets,
-                          cudaStream_t st);
+// --int8-prefill for Q4 / grouped Q8 (quant_gemv.cu). launch_qrow_absmax: amax[r] = max |w[r, :]|
+// of the bf16 dequantization, for every row (once per weight, at load). launch_qrequant_int8: rows
+// [row0, row0 + rows) (row0 % 16 == 0) as row-major int8 requantized per row (scale amax / 127,
+// offset 0) — the bits of launch_qdequant followed by launch_quant_rows_int8, in one pass.
+void launch_qrow_absmax(const QWeight& w, float* amax, cudaStream_t st);
+void launch_qrequant_int8(const QWeight& w, const float* row_absmax, int64_t row0, int64_t rows, void* codes,
+                          float* scales, float* offsets, cudaStream_t st);
 // Canonical codes (row-major, QuantMatrixView) -> tile layout, on the device.
 void launch_qtile(const QWeight& w, const void* canonical, void* tiles, cudaStream_t st);
 // Random codes (no fp8 NaN codes) and params {s·f, b·f}, f ∈ [0.75, 1.25) per (row, group);

@@ -773,57 +773,72 @@ __global__ void qdequant_kernel(QWeight w, int64_t rb0, uint32_t nrb, int64_t ro
 }
 
 // --int8-prefill for Q4 / grouped Q8 (w8a8_prefill.cu's activation rule applied to weight rows):
-// one CTA per row block; each row's values as the bf16 the dequantization above writes, then
-// s = max|w| / 127 per row and q = rint(w / s) clamped to ±127 as row-major int8, the same bits as
-// qdequant + quant_rows_int8, in one pass over the codes plus a re-read from L1/L2. Offsets 0.
+// each row's values are the bf16 the dequantization above writes; the row's scale is
+// s = max|w| / 127 and its codes q = rint(w / s) clamped to ±127. max|w| is a constant of the
+// weight, found once at load (qrow_absmax_kernel), so the requantization of each prompt chunk is
+// one pass over the codes with one thread per lane piece, as qdequant_kernel — the two-pass form
+// (one CTA per row block, the max first) ran at ~1/3 of the bandwidth: int4 g64, 4K prompt,
+// 25.4 ms of requantization (bench/results/2026-11-27-w8a8-prefill-passes.md).
+
+// One CTA per row block: amax[row] = max |bf16(w)| over the row (0 for a zero row).
 template <int FMT>
-__global__ void __launch_bounds__(256) qrequant_int8_kernel(QWeight w, int64_t rb0, int64_t row0, int64_t rows,
-                                                            int8_t* __restrict__ dst, float* __restrict__ scales,
-                                                            float* __restrict__ offsets) {
+__global__ void __launch_bounds__(256) qrow_absmax_kernel(QWeight w, float* __restrict__ amax) {
   constexpr int KT = tile_k(FMT);
-  const int64_t in = w.in, rb = rb0 + blockIdx.x;
-  const uint32_t ktiles = uint32_t((in + KT - 1) / KT);
+  const int64_t rb = blockIdx.x;
+  const uint32_t ktiles = uint32_t((w.in + KT - 1) / KT);
   __shared__ unsigned rowmax[16];  // |w| bits: non-negative floats order as unsigned integers
   if (threadIdx.x < 16) rowmax[threadIdx.x] = 0;
   __syncthreads();
-  // f(r8, k, 4 bf16-rounded values) for the thread's pieces: rows g and g + 8 of the block, g fixed
-  // per thread (the pieces it visits are 256 apart, so its lane is always the same).
-  auto each = [&](auto&& f) {
-    for (uint32_t i = threadIdx.x; i < ktiles * 32; i += blockDim.x)
-      piece_values<FMT>(w, rb, i / 32, int(i % 32), ktiles, [&](int r8, uint32_t k, float v[4]) {
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc) v[cc] = __bfloat162float(__float2bfloat16_rn(v[cc]));
-        f(r8, k, v);
-      });
-  };
+  // The thread's pieces are 256 apart, so its lane, and with it its rows g and g + 8, stay the same.
   const int g = int(threadIdx.x % 32) / 4;
   float m[2] = {0.f, 0.f};
-  each([&](int r8, uint32_t, const float v[4]) {
+  for (uint32_t i = threadIdx.x; i < ktiles * 32; i += blockDim.x)
+    piece_values<FMT>(w, rb, i / 32, int(i % 32), ktiles, [&](int r8, uint32_t, const float v[4]) {
 #pragma unroll
-    for (int cc = 0; cc < 4; ++cc) m[r8] = fmaxf(m[r8], fabsf(v[cc]));
-  });
+      for (int cc = 0; cc < 4; ++cc) m[r8] = fmaxf(m[r8], fabsf(__bfloat162float(__float2bfloat16_rn(v[cc]))));
+    });
 #pragma unroll
   for (int r8 = 0; r8 < 2; ++r8)
     if (m[r8] > 0.f) atomicMax(&rowmax[g + 8 * r8], __float_as_uint(m[r8]));
   __syncthreads();
-  each([&](int r8, uint32_t k, const float v[4]) {
-    const int r = g + 8 * r8;
-    const int64_t row = rb * 16 + r;
-    if (row >= w.out || row >= row0 + rows) return;
-    const float amax = __uint_as_float(rowmax[r]), s = amax > 0.f ? __fdiv_rn(amax, 127.f) : 1.f;
-    uint32_t packed = 0;
+  const int64_t row = rb * 16 + threadIdx.x;
+  if (threadIdx.x < 16 && row < w.out) amax[row] = __uint_as_float(rowmax[threadIdx.x]);
+}
+
+// One thread per lane piece of the row blocks [rb0, rb0 + nrb): rows [row0, row0 + rows) of W as
+// row-major int8 at dst, their scales (and offsets 0) for the epilogue. 32-bit piece index
+// (≤ 2^31 pieces per call, checked by the launcher).
+template <int FMT>
+__global__ void qrequant_int8_kernel(QWeight w, int64_t rb0, uint32_t nrb, int64_t row0, int64_t rows,
+                                     const float* __restrict__ amax, int8_t* __restrict__ dst,
+                                     float* __restrict__ scales, float* __restrict__ offsets) {
+  constexpr int KT = tile_k(FMT);
+  const int64_t in = w.in;
+  const uint32_t ktiles = uint32_t((in + KT - 1) / KT), total = nrb * ktiles * 32;
+  const auto scale_of = [&](int64_t row) {
+    const float a = amax[row];
+    return a > 0.f ? __fdiv_rn(a, 127.f) : 1.f;
+  };
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const int lane = int(i % 32), g = lane / 4;
+    const int64_t rb = rb0 + (i / 32) / ktiles;
+    const int64_t r0 = rb * 16 + g, r1 = r0 + 8;
+    const float s[2] = {r0 < w.out ? scale_of(r0) : 1.f, r1 < w.out ? scale_of(r1) : 1.f};
+    piece_values<FMT>(w, rb, (i / 32) % ktiles, lane, ktiles, [&](int r8, uint32_t k, const float v[4]) {
+      const int64_t row = r8 ? r1 : r0;
+      if (row >= w.out || row >= row0 + rows) return;
+      uint32_t packed = 0;
 #pragma unroll
-    for (int cc = 0; cc < 4; ++cc)
-      packed |= uint32_t(max(-127, min(127, rint_div(v[cc], s))) & 0xff) << (8 * cc);
-    *reinterpret_cast<uint32_t*>(dst + (row - row0) * in + k) = packed;
-  });
-  if (threadIdx.x < 16) {
-    const int64_t row = rb * 16 + threadIdx.x;
-    if (row < w.out && row < row0 + rows) {
-      const float amax = __uint_as_float(rowmax[threadIdx.x]);
-      scales[row - row0] = amax > 0.f ? __fdiv_rn(amax, 127.f) : 1.f;
-      offsets[row - row0] = 0.f;
-    }
+      for (int cc = 0; cc < 4; ++cc) {
+        const float b = __bfloat162float(__float2bfloat16_rn(v[cc]));
+        packed |= uint32_t(max(-127, min(127, rint_div(b, s[r8]))) & 0xff) << (8 * cc);
+      }
+      *reinterpret_cast<uint32_t*>(dst + (row - row0) * in + k) = packed;
+    });
+  }
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows; r += int64_t(gridDim.x) * blockDim.x) {
+    scales[r] = scale_of(row0 + r);
+    offsets[r] = 0.f;
   }
 }
 
@@ -1380,16 +1395,30 @@ void launch_qdequant(const QWeight& w, int64_t row0, int64_t rows, void* dst, cu
   SALA_CUDA_LAUNCH("qdequant kernel");
 }
 
-void launch_qrequant_int8(const QWeight& w, int64_t row0, int64_t rows, void* codes, float* scales, float* offsets,
-                          cudaStream_t st) {
+void launch_qrow_absmax(const QWeight& w, float* amax, cudaStream_t st) {
+  SALA_CUDA_REQUIRE(w.fmt == kQ4 || w.fmt == kQ8, "qrow_absmax: Q4 or Q8 weights only");
+  const int64_t nrb = (w.out + 15) / 16;
+  SALA_CUDA_REQUIRE(nrb < (int64_t(1) << 31), "qrow_absmax: too many rows");
+  if (w.fmt == kQ4) qrow_absmax_kernel<kQ4><<<unsigned(nrb), 256, 0, st>>>(w, amax);
+  else qrow_absmax_kernel<kQ8><<<unsigned(nrb), 256, 0, st>>>(w, amax);
+  SALA_CUDA_LAUNCH("qrow_absmax kernel");
+}
+
+void launch_qrequant_int8(const QWeight& w, const float* row_absmax, int64_t row0, int64_t rows, void* codes,
+                          float* scales, float* offsets, cudaStream_t st) {
   if (rows <= 0) return;
   SALA_CUDA_REQUIRE(w.fmt == kQ4 || w.fmt == kQ8, "qrequant_int8: Q4 or Q8 weights only");
+  SALA_CUDA_REQUIRE(row_absmax != nullptr, "qrequant_int8: the weight has no row maxima (launch_qrow_absmax)");
   SALA_CUDA_REQUIRE(row0 % 16 == 0 && w.in % 4 == 0, "qrequant_int8: first row must start a row block");
-  const int64_t nrb = (rows + 15) / 16;
-  SALA_CUDA_REQUIRE(nrb < (int64_t(1) << 31), "qrequant_int8: too many rows per call");
+  const int64_t rb0 = row0 / 16, nrb = (rows + 15) / 16;
+  const int64_t n = nrb * ((w.in + tile_k(w.fmt) - 1) / tile_k(w.fmt)) * 32;
+  SALA_CUDA_REQUIRE(n < (int64_t(1) << 31), "qrequant_int8: too many rows per call");
+  const unsigned blocks = grid_for(n, 256, 132 * 16);
   auto* d = static_cast<int8_t*>(codes);
-  if (w.fmt == kQ4) qrequant_int8_kernel<kQ4><<<unsigned(nrb), 256, 0, st>>>(w, row0 / 16, row0, rows, d, scales, offsets);
-  else qrequant_int8_kernel<kQ8><<<unsigned(nrb), 256, 0, st>>>(w, row0 / 16, row0, rows, d, scales, offsets);
+  if (w.fmt == kQ4)
+    qrequant_int8_kernel<kQ4><<<blocks, 256, 0, st>>>(w, rb0, uint32_t(nrb), row0, rows, row_absmax, d, scales, offsets);
+  else
+    qrequant_int8_kernel<kQ8><<<blocks, 256, 0, st>>>(w, rb0, uint32_t(nrb), row0, rows, row_absmax, d, scales, offsets);
   SALA_CUDA_LAUNCH("qrequant_int8 kernel");
 }
 

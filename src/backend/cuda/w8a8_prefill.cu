@@ -33,25 +33,45 @@ __device__ __forceinline__ void unpack4(uint2 v, float f[4]) {
   f[2] = __uint_as_float(v.y << 16), f[3] = __uint_as_float(v.y & 0xffff0000u);
 }
 
-// max |x| over a row of 4-value pieces, for the whole CTA (every thread gets it).
-__device__ float row_absmax(const uint2* xr, int64_t pieces) {
+// The max of a value over the CTA (every thread gets it).
+__device__ float block_max(float v) {
   __shared__ float red[kQuantThreads / 32];
-  float amax = 0.f;
-  for (int64_t i = threadIdx.x; i < pieces; i += kQuantThreads) {
-    float f[4];
-    unpack4(xr[i], f);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(f[j]));
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = amax;
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
   __syncthreads();
-  amax = red[0];
+  v = red[0];
 #pragma unroll
-  for (int w = 1; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, red[w]);
-  return amax;
+  for (int w = 1; w < kQuantThreads / 32; ++w) v = fmaxf(v, red[w]);
+  return v;
 }
+
+// A row of `pieces` 4-value pieces held in registers: the thread's pieces tid + 256·j, j < P, all
+// loaded before any is used (one round trip to DRAM per row rather than one per piece, and no
+// second read for the encoding pass). H100, 4K prompt: the activation passes ran at ~1.9 TB/s
+// with a loop of loads (bench/results/2026-11-27-w8a8-prefill-passes.md).
+template <int P>
+struct RowPieces {
+  uint2 v[P];
+  __device__ void load(const uint2* xr, int64_t pieces) {
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const int64_t i = threadIdx.x + int64_t(j) * kQuantThreads;
+      v[j] = i < pieces ? xr[i] : make_uint2(0u, 0u);  // zeros: no effect on max |x| or Σq
+    }
+  }
+  __device__ float absmax() const {
+    float m = 0.f;
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      float f[4];
+      unpack4(v[j], f);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) m = fmaxf(m, fabsf(f[c]));
+    }
+    return block_max(m);
+  }
+};
 
 // Two f32 as an e4m3x2 (lo in the low byte): round to nearest even, saturating at ±448 — the
 // rounding of f32_to_fp8_e4m3 (core/dtype.h), which the CPU reference uses.
@@ -61,46 +81,57 @@ __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
   return r;
 }
 
-// One CTA per row: s = max|x| / 448 (1 for an all-zero row), q = e4m3(x / s) with IEEE division,
-// as the CPU reference computes it. 8-byte pieces of 4 values (in % 4 == 0, rows 8-byte aligned:
-// checked by the launcher).
+// One CTA per row of ≤ 4·256·P values: s = max|x| / 448 (1 for an all-zero row), q = e4m3(x / s)
+// with IEEE division, as the CPU reference computes it. 8-byte pieces of 4 values (in % 4 == 0,
+// rows 8-byte aligned: checked by the launcher).
+template <int P>
 __global__ void __launch_bounds__(kQuantThreads) quant_rows_fp8_kernel(const bf16* __restrict__ x, int64_t ldx,
                                                                     int64_t in, uint8_t* __restrict__ q,
                                                                     float* __restrict__ scales) {
   const int64_t n = blockIdx.x, pieces = in / 4;
-  const uint2* xr = reinterpret_cast<const uint2*>(x + n * ldx);
-  const float amax = row_absmax(xr, pieces);
+  RowPieces<P> row;
+  row.load(reinterpret_cast<const uint2*>(x + n * ldx), pieces);
+  const float amax = row.absmax();
   const float s = amax > 0.f ? __fdiv_rn(amax, 448.f) : 1.f;
   if (threadIdx.x == 0) scales[n] = s;
   uint32_t* qr = reinterpret_cast<uint32_t*>(q + n * in);
-  for (int64_t i = threadIdx.x; i < pieces; i += kQuantThreads) {
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kQuantThreads;
+    if (i >= pieces) break;
     float f[4];
-    unpack4(xr[i], f);
+    unpack4(row.v[j], f);
     qr[i] = e4m3x2(__fdiv_rn(f[0], s), __fdiv_rn(f[1], s)) | e4m3x2(__fdiv_rn(f[2], s), __fdiv_rn(f[3], s)) << 16;
   }
 }
 
-// One CTA per row: s = max|x| / 127 (1 for an all-zero row), q = rint(x / s) clamped to ±127 with
-// IEEE division, and s·Σq — as the CPU reference (cpu_quant_matmul.cpp) computes them.
+// One CTA per row of ≤ 4·256·P values: s = max|x| / 127 (1 for an all-zero row), q = rint(x / s)
+// clamped to ±127 with IEEE division, and s·Σq — as the CPU reference (cpu_quant_matmul.cpp)
+// computes them.
+template <int P>
 __global__ void __launch_bounds__(kQuantThreads) quant_rows_int8_kernel(const bf16* __restrict__ x, int64_t ldx,
                                                                      int64_t in, int8_t* __restrict__ q,
                                                                      float* __restrict__ scales,
                                                                      float* __restrict__ scaled_sums) {
   const int64_t n = blockIdx.x, pieces = in / 4;
-  const uint2* xr = reinterpret_cast<const uint2*>(x + n * ldx);
-  const float amax = row_absmax(xr, pieces);
+  RowPieces<P> row;
+  row.load(reinterpret_cast<const uint2*>(x + n * ldx), pieces);
+  const float amax = row.absmax();
   const float s = amax > 0.f ? __fdiv_rn(amax, 127.f) : 1.f;
   uint32_t* qr = reinterpret_cast<uint32_t*>(q + n * in);
   int sum = 0;
-  for (int64_t i = threadIdx.x; i < pieces; i += kQuantThreads) {
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kQuantThreads;
+    if (i >= pieces) break;
     float f[4];
-    unpack4(xr[i], f);
+    unpack4(row.v[j], f);
     uint32_t packed = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int v = max(-127, min(127, rint_div(f[j], s)));
+    for (int c = 0; c < 4; ++c) {
+      const int v = max(-127, min(127, rint_div(f[c], s)));
       sum += v;
-      packed |= uint32_t(v & 0xff) << (8 * j);
+      packed |= uint32_t(v & 0xff) << (8 * c);
     }
     qr[i] = packed;
   }
@@ -115,6 +146,13 @@ __global__ void __launch_bounds__(kQuantThreads) quant_rows_int8_kernel(const bf
     scales[n] = s;
     scaled_sums[n] = __fmul_rn(s, float(total));
   }
+}
+
+// The register count of a row of `in` values (pieces per thread), rounded up to a compiled one.
+static_assert(kQuantRowsMaxIn == 4 * kQuantThreads * 16, "the largest row takes 16 pieces per thread");
+int row_pieces(int64_t in) {
+  const int64_t p = (in / 4 + kQuantThreads - 1) / kQuantThreads;
+  return p <= 1 ? 1 : p <= 2 ? 2 : p <= 4 ? 4 : p <= 8 ? 8 : 16;
 }
 
 // One thread per 16-byte lane piece of row blocks [rb0, rb0 + nrb) of a per-row 8-bit weight (the
@@ -203,8 +241,16 @@ void launch_quant_rows_fp8(const void* x, int64_t ldx, int64_t N, int64_t in, vo
   SALA_CUDA_REQUIRE(in % 4 == 0 && ldx % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 7) == 0,
                     "quant_rows_fp8: rows must be 8-byte aligned multiples of 4 values");
   SALA_CUDA_REQUIRE(N < (int64_t(1) << 31), "quant_rows_fp8: too many rows");
-  quant_rows_fp8_kernel<<<unsigned(N), kQuantThreads, 0, st>>>(static_cast<const bf16*>(x), ldx, in,
-                                                              static_cast<uint8_t*>(q), scales);
+  SALA_CUDA_REQUIRE(in <= kQuantRowsMaxIn, "quant_rows_fp8: rows longer than kQuantRowsMaxIn values");
+  const auto* xb = static_cast<const bf16*>(x);
+  auto* qb = static_cast<uint8_t*>(q);
+  switch (row_pieces(in)) {
+    case 1: quant_rows_fp8_kernel<1><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales); break;
+    case 2: quant_rows_fp8_kernel<2><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales); break;
+    case 4: quant_rows_fp8_kernel<4><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales); break;
+    case 8: quant_rows_fp8_kernel<8><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales); break;
+    default: quant_rows_fp8_kernel<16><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales); break;
+  }
   SALA_CUDA_LAUNCH("quant_rows_fp8 kernel");
 }
 
@@ -214,8 +260,16 @@ void launch_quant_rows_int8(const void* x, int64_t ldx, int64_t N, int64_t in, v
   SALA_CUDA_REQUIRE(in % 4 == 0 && ldx % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 7) == 0,
                     "quant_rows_int8: rows must be 8-byte aligned multiples of 4 values");
   SALA_CUDA_REQUIRE(N < (int64_t(1) << 31) && in * 127 < (int64_t(1) << 31), "quant_rows_int8: too many rows or columns");
-  quant_rows_int8_kernel<<<unsigned(N), kQuantThreads, 0, st>>>(static_cast<const bf16*>(x), ldx, in,
-                                                               static_cast<int8_t*>(q), scales, scaled_sums);
+  SALA_CUDA_REQUIRE(in <= kQuantRowsMaxIn, "quant_rows_int8: rows longer than kQuantRowsMaxIn values");
+  const auto* xb = static_cast<const bf16*>(x);
+  auto* qb = static_cast<int8_t*>(q);
+  switch (row_pieces(in)) {
+    case 1: quant_rows_int8_kernel<1><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales, scaled_sums); break;
+    case 2: quant_rows_int8_kernel<2><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales, scaled_sums); break;
+    case 4: quant_rows_int8_kernel<4><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales, scaled_sums); break;
+    case 8: quant_rows_int8_kernel<8><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales, scaled_sums); break;
+    default: quant_rows_int8_kernel<16><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales, scaled_sums); break;
+  }
   SALA_CUDA_LAUNCH("quant_rows_int8 kernel");
 }
 
