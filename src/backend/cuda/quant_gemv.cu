@@ -824,6 +824,7 @@ __global__ void qrequant_int8_kernel(QWeight w, int64_t rb0, uint32_t nrb, int64
     const int64_t rb = rb0 + (i / 32) / ktiles;
     const int64_t r0 = rb * 16 + g, r1 = r0 + 8;
     const float s[2] = {r0 < w.out ? scale_of(r0) : 1.f, r1 < w.out ? scale_of(r1) : 1.f};
+    const float rs[2] = {__frcp_rn(s[0]), __frcp_rn(s[1])};
     piece_values<FMT>(w, rb, (i / 32) % ktiles, lane, ktiles, [&](int r8, uint32_t k, const float v[4]) {
       const int64_t row = r8 ? r1 : r0;
       if (row >= w.out || row >= row0 + rows) return;
@@ -831,7 +832,7 @@ __global__ void qrequant_int8_kernel(QWeight w, int64_t rb0, uint32_t nrb, int64
 #pragma unroll
       for (int cc = 0; cc < 4; ++cc) {
         const float b = __bfloat162float(__float2bfloat16_rn(v[cc]));
-        packed |= uint32_t(max(-127, min(127, rint_div(b, s[r8]))) & 0xff) << (8 * cc);
+        packed |= uint32_t(max(-127, min(127, rint_div_recip(b, s[r8], rs[r8]))) & 0xff) << (8 * cc);
       }
       *reinterpret_cast<uint32_t*>(dst + (row - row0) * in + k) = packed;
     });

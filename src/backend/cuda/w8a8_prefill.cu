@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kQuantThreads) quant_rows_int8_kernel(const bf
   RowPieces<P> row;
   row.load(reinterpret_cast<const uint2*>(x + n * ldx), pieces);
   const float amax = row.absmax();
-  const float s = amax > 0.f ? __fdiv_rn(amax, 127.f) : 1.f;
+  const float s = amax > 0.f ? __fdiv_rn(amax, 127.f) : 1.f, r = __frcp_rn(s);
   uint32_t* qr = reinterpret_cast<uint32_t*>(q + n * in);
   int sum = 0;
 #pragma unroll
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kQuantThreads) quant_rows_int8_kernel(const bf
     uint32_t packed = 0;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const int v = max(-127, min(127, rint_div(f[c], s)));
+      const int v = max(-127, min(127, rint_div_recip(f[c], s, r)));
       sum += v;
       packed |= uint32_t(v & 0xff) << (8 * c);
     }
