@@ -796,6 +796,7 @@ void test_int8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
                         {Q8, 1000, 1024, 129, 1024, DType::F32, true, true}, {Q8, 4096, 16384, 96, 16384, DType::BF16, false, true},
                         {Q8, 1002, 1024, 70, 1024, DType::F32, false, true}, {Q8, 256, 512, 80, 64, DType::BF16, false, true},
                         {Q4, 4096, 4096, 200, 64, DType::BF16, false, true}, {Q4, 1000, 1024, 90, 128, DType::F32, false, true},
+                        {Q4, 520, 1024, 70, 32, DType::BF16, false, true},  // int4 g32: value by value, not the 64-column tables
                         {Q8, 400, 512, 64, 512, DType::BF16, false, false},  {Q4, 400, 512, 64, 64, DType::BF16, false, false},
                         {Q8, 96, 520, 80, 520, DType::BF16, false, false}, {Q8, 64, 16400, 80, 16400, DType::BF16, false, false}};
   for (const Case& c : cases) {
