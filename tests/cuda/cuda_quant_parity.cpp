@@ -797,6 +797,8 @@ void test_int8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
                         {Q8, 1002, 1024, 70, 1024, DType::F32, false, true}, {Q8, 256, 512, 80, 64, DType::BF16, false, true},
                         {Q4, 4096, 4096, 200, 64, DType::BF16, false, true}, {Q4, 1000, 1024, 90, 128, DType::F32, false, true},
                         {Q4, 520, 1024, 70, 32, DType::BF16, false, true},  // int4 g32: value by value, not the 64-column tables
+                        // 4096 rows: blocks of 8192 weight rows (the int32 products' bound), the second from row 8192
+                        {Q4, 8320, 128, 4096, 64, DType::BF16, false, true}, {Q4, 8320, 128, 4096, 32, DType::BF16, false, true},
                         {Q8, 400, 512, 64, 512, DType::BF16, false, false},  {Q4, 400, 512, 64, 64, DType::BF16, false, false},
                         {Q8, 96, 520, 80, 520, DType::BF16, false, false}, {Q8, 64, 16400, 80, 16400, DType::BF16, false, false}};
   for (const Case& c : cases) {
@@ -864,9 +866,8 @@ void test_w8a8_group(CudaBackend& gpu) {
     c.fp8 ? gpu.set_fp8_prefill(true) : gpu.set_int8_prefill(true);
     try {
       const GroupRun r = run_group(gpu, ws, x, n, DType::BF16, DType::BF16);
-      GroupRun off;
       c.fp8 ? gpu.set_fp8_prefill(false) : gpu.set_int8_prefill(false);
-      off = run_group(gpu, ws, x, n, DType::BF16, DType::BF16);
+      const GroupRun off = run_group(gpu, ws, x, n, DType::BF16, DType::BF16);
       for (size_t i = 0; i < ws.size(); ++i) {
         const std::string name = strf("W8A8 group %s part %zu [%lld, %lld] N=%lld", c.name, i,
                                       (long long)ws[i].out(), (long long)in, (long long)n);

@@ -198,7 +198,8 @@ void launch_qgemv_act(const QWeight& gate, const QWeight& up, const void* x, int
 // multiplies them).
 void launch_qdequant(const QWeight& w, int64_t row0, int64_t rows, void* dst, cudaStream_t st);
 // W8A8 prefill (w8a8_prefill.cu). Activations: bf16 rows x [N, ldx] (in ≤ kQuantRowsMaxIn: a row
-// is held in registers) -> e4m3 or int8 q [N, in] (row-major) with one scale per row (max|x| / 448 or / 127; int8 also scale·Σq). Weights: rows
+// is held in registers) -> e4m3 or int8 q [N, in] (row-major) with one scale per row (max|x| / 448
+// or / 127; int8 also scale·Σq). Weights: rows
 // [row0, row0 + rows) (row0 % 16 == 0) of a per-row FP8 or Q8 weight as row-major bytes [rows, in]
 // (Q8: code − 128) with their scales [rows] (Q8: and offsets 128·s + b; FP8: offsets unused).
 // int8 epilogue: cuBLASLt's int32 products (column-major [rows, N]) -> y[n, r] =

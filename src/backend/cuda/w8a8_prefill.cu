@@ -48,8 +48,8 @@ __device__ float block_max(float v) {
 
 // A row of `pieces` 4-value pieces held in registers: the thread's pieces tid + 256·j, j < P, all
 // loaded before any is used (one round trip to DRAM per row rather than one per piece, and no
-// second read for the encoding pass). H100, 4K prompt: the activation passes ran at ~1.9 TB/s
-// with a loop of loads (bench/results/2026-11-27-w8a8-prefill-passes.md).
+// second read for the encoding pass). H100, 4K prompt: ~1.9 TB/s with a loop of loads, ~2.2 now
+// (bench/results/2026-11-27-w8a8-prefill-passes.md).
 template <int P>
 struct RowPieces {
   uint2 v[P];
@@ -106,8 +106,8 @@ __global__ void __launch_bounds__(kQuantThreads) quant_rows_fp8_kernel(const bf1
 }
 
 // One CTA per row of ≤ 4·256·P values: s = max|x| / 127 (1 for an all-zero row), q = rint(x / s)
-// clamped to ±127 with IEEE division, and s·Σq — as the CPU reference (cpu_quant_matmul.cpp)
-// computes them.
+// clamped to ±127 (the integers of IEEE division: rint_div_recip), and s·Σq — as the CPU
+// reference (cpu_quant_matmul.cpp) computes them.
 template <int P>
 __global__ void __launch_bounds__(kQuantThreads) quant_rows_int8_kernel(const bf16* __restrict__ x, int64_t ldx,
                                                                      int64_t in, int8_t* __restrict__ q,
