@@ -82,7 +82,7 @@ struct Weight {
   size_t packed_bytes = 0;  // packed: bytes a product reads (codes + scales + biases, with padding)
   bool q8_symmetric = false;  // CUDA Q8 per row, every bias −128·scale (symmetric int8; quant_gemv.cu)
   bool zero_packed = false;   // CUDA grouped Q4: zero points packed into the f16 scales (quant_layout.h)
-  void* row_absmax = nullptr;  // CUDA Q4 / grouped Q8: f32 max |w| per row (--int8-prefill's row scales)
+  void* int8_row_scales = nullptr;  // CUDA Q4 / grouped Q8: f32 max |w| / 127 per row (--int8-prefill)
   std::shared_ptr<Buffer> storage;
   int64_t out() const { return w.rows; }
   int64_t in() const { return w.cols; }

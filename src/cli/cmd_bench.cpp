@@ -311,7 +311,10 @@ Runner setup(CLI::App& app) {
       // "exposed" is each kernel family's share of it).
       auto prefill = [&](int s, int64_t ctx) {
         std::vector<uint64_t> marks;
-        if (trace) trace->take(), marks.push_back(trace->now());
+        if (trace) {
+          trace->take();  // earlier kernels
+          marks.push_back(trace->now());
+        }
         const double t = prefill_to(e, *backend, s, ctx, o->chunk, token);
         if (trace) prefill_timeline = format_kernel_timeline(kernel_timeline(trace->take(), marks));
         return t;

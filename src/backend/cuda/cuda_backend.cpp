@@ -861,7 +861,7 @@ void CudaBackend::matmul_group(const Mat& x, std::span<const MatmulPart> parts) 
     return matmul_group_packed(x, parts);  // cuda_quant.cpp
   // W8A8 prefill (q/k/v/gate, MLP gate/up): x quantized once for all the parts. H100, 4K prompt:
   // half of the activation quantization's ~9 ms (bench/results/2026-11-27-w8a8-prefill-passes.md).
-  if (packed && x.rows > 0) {
+  if (packed) {
     const W8A8Path path = w8a8_path(*parts[0].w, x.rows, parts[0].y);
     bool shared = path != W8A8Path::None;
     for (const MatmulPart& p : parts.subspan(1)) shared = shared && w8a8_path(*p.w, x.rows, p.y) == path;

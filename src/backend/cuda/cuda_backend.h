@@ -196,7 +196,7 @@ class CudaBackend final : public Backend {
   float* qsplit_workspace(int64_t n, int64_t rows, size_t* floats);
   int qgemv_warps() const;
   Weight alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group, bool zpack);
-  void finish_packed(const Weight& w);  // the row maxima of weights --int8-prefill requantizes
+  void finish_packed(const Weight& w);  // the int8 row scales of weights --int8-prefill requantizes
   const float* inv_freq(double theta, int head_dim);
   cuda::GlaArgs gla_args(int layer, const Mat& q, const Mat& k, const Mat& v, const Mat& out) const;
   void clear_graphs();

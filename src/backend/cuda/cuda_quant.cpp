@@ -97,8 +97,8 @@ void cuda::set_zero_pack(bool on) { g_zero_pack = on; }
 Weight CudaBackend::alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t group, bool zpack) {
   const qlayout::TileGeom geo{fmt, rows, cols, group, zpack};
   const size_t code_bytes = size_t(geo.code_bytes()), param_bytes = size_t(geo.param_bytes());
-  // Weights --int8-prefill requantizes keep their row maxima after the parameters (4 bytes a row;
-  // filled by finish_packed once the codes and parameters are in place).
+  // Weights --int8-prefill requantizes keep their int8 row scales after the parameters (4 bytes a
+  // row; filled by finish_packed once the codes and parameters are in place).
   const bool requantized = fmt == qlayout::kQ4 || (fmt == qlayout::kQ8 && group < cols);
   Weight w;
   w.storage = alloc(align256(code_bytes) + align256(param_bytes) + (requantized ? size_t(rows) * 4 : 0));
@@ -107,7 +107,7 @@ Weight CudaBackend::alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t gr
   w.format = WeightFormat(fmt);
   w.group = group;
   w.scales = base + align256(code_bytes);
-  if (requantized) w.row_absmax = base + align256(code_bytes) + align256(param_bytes);
+  if (requantized) w.int8_row_scales = base + align256(code_bytes) + align256(param_bytes);
   w.zero_packed = zpack;
   w.packed_bytes = code_bytes + param_bytes;  // padding rows/columns included: a product reads them
   if (qscratch_.capacity() == 0) qscratch_.reserve(qscratch_bytes());
@@ -116,7 +116,7 @@ Weight CudaBackend::alloc_packed(int fmt, int64_t rows, int64_t cols, int64_t gr
 }
 
 void CudaBackend::finish_packed(const Weight& w) {
-  if (w.row_absmax) cuda::launch_qrow_absmax(qweight(w), static_cast<float*>(w.row_absmax), stream_);
+  if (w.int8_row_scales) cuda::launch_qrow_int8_scales(qweight(w), static_cast<float*>(w.int8_row_scales), stream_);
 }
 
 Weight CudaBackend::load_quantized_weight(const QuantMatrixView& q, const std::string& name) {
@@ -282,8 +282,8 @@ std::string CudaBackend::int8_prefill_unfit(const Weight& w, const Mat& y) const
   if (y.dtype != DType::BF16 && y.dtype != DType::F32) return fmt::format("an output of dtype {}", dtype_name(y.dtype));
   if (w.in() > cuda::kQuantRowsMaxIn)
     return fmt::format("{} input columns exceed the {} of the activation quantizer", w.in(), cuda::kQuantRowsMaxIn);
-  if (!(w.format == WeightFormat::Q8 && w.group == w.in()) && !w.row_absmax)
-    return "the weight has no row maxima to requantize with (not loaded by this backend)";
+  if (!(w.format == WeightFormat::Q8 && w.group == w.in()) && !w.int8_row_scales)
+    return "the weight has no int8 row scales to requantize with (not loaded by this backend)";
   if (int8_block_row_bytes(w) * 16 + 1024 > qscratch_.capacity())
     return fmt::format("a row block of {} columns does not fit the {} MiB scratch", w.in(), qscratch_.capacity() >> 20);
   return {};
@@ -464,7 +464,7 @@ void CudaBackend::matmul_int8_activations(const QuantizedRows& xq, const Weight&
   for (int64_t o0 = 0; o0 < out; o0 += block) {
     const int64_t rows = std::min(block, out - o0);
     if (exact) cuda::launch_qcanonical(qweight(w), o0, rows, wq, ws, wc, stream_);
-    else cuda::launch_qrequant_int8(qweight(w), static_cast<const float*>(w.row_absmax), o0, rows, wq, ws, wc, stream_);
+    else cuda::launch_qrequant_int8(qweight(w), static_cast<const float*>(w.int8_row_scales), o0, rows, wq, ws, wc, stream_);
     SALA_CHECK(plan.plan(rows, rows), "--int8-prefill: cuBLASLt has no int8 GEMM for [{}, {}] x [{}, {}] on {}", N,
                in, rows, in, props_.name);
     plan.run(&alpha, wq, xq.codes, &beta, acc, cublas_ws_, kCublasWorkspace, stream_);

@@ -775,15 +775,15 @@ __global__ void qdequant_kernel(QWeight w, int64_t rb0, uint32_t nrb, int64_t ro
 
 // --int8-prefill for Q4 / grouped Q8 (w8a8_prefill.cu's activation rule applied to weight rows):
 // each row's values are the bf16 the dequantization above writes; the row's scale is
-// s = max|w| / 127 and its codes q = rint(w / s) clamped to ±127. max|w| is a constant of the
-// weight, found once at load (qrow_absmax_kernel), so the requantization of each prompt chunk is
+// s = max|w| / 127 and its codes q = rint(w / s) clamped to ±127. s is a constant of the weight,
+// found once at load (qrow_int8_scales_kernel), so the requantization of each prompt chunk is
 // one pass over the codes with one thread per lane piece, as qdequant_kernel — the two-pass form
 // (one CTA per row block, the max first) ran at ~1/3 of the bandwidth: int4 g64, 4K prompt,
 // 25.4 ms of requantization (bench/results/2026-11-27-w8a8-prefill-passes.md).
 
-// One CTA per row block: amax[row] = max |bf16(w)| over the row (0 for a zero row).
+// One CTA per row block: scale[row] = max |bf16(w)| / 127 over the row (1 for a zero row).
 template <int FMT>
-__global__ void __launch_bounds__(256) qrow_absmax_kernel(QWeight w, float* __restrict__ amax) {
+__global__ void __launch_bounds__(256) qrow_int8_scales_kernel(QWeight w, float* __restrict__ scale) {
   constexpr int KT = tile_k(FMT);
   const int64_t rb = blockIdx.x;
   const uint32_t ktiles = uint32_t((w.in + KT - 1) / KT);
@@ -803,7 +803,10 @@ __global__ void __launch_bounds__(256) qrow_absmax_kernel(QWeight w, float* __re
     if (m[r8] > 0.f) atomicMax(&rowmax[g + 8 * r8], __float_as_uint(m[r8]));
   __syncthreads();
   const int64_t row = rb * 16 + threadIdx.x;
-  if (threadIdx.x < 16 && row < w.out) amax[row] = __uint_as_float(rowmax[threadIdx.x]);
+  if (threadIdx.x < 16 && row < w.out) {
+    const float amax = __uint_as_float(rowmax[threadIdx.x]);
+    scale[row] = amax > 0.f ? __fdiv_rn(amax, 127.f) : 1.f;
+  }
 }
 
 // int4 whose 64-column tiles each lie in one group: a row's values in a tile are one of 16
@@ -852,20 +855,16 @@ __device__ __forceinline__ void qrequant_int4_table_piece(const QWeight& w, int6
 // (≤ 2^31 pieces per call, checked by the launcher).
 template <int FMT>
 __global__ void qrequant_int8_kernel(QWeight w, int64_t rb0, uint32_t nrb, int64_t row0, int64_t rows,
-                                     const float* __restrict__ amax, int8_t* __restrict__ dst,
+                                     const float* __restrict__ row_scales, int8_t* __restrict__ dst,
                                      float* __restrict__ scales, float* __restrict__ offsets, bool table) {
   constexpr int KT = tile_k(FMT);
   const int64_t in = w.in;
   const uint32_t ktiles = uint32_t((in + KT - 1) / KT), total = nrb * ktiles * 32;
-  const auto scale_of = [&](int64_t row) {
-    const float a = amax[row];
-    return a > 0.f ? __fdiv_rn(a, 127.f) : 1.f;
-  };
   for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
     const int lane = int(i % 32), g = lane / 4;
     const int64_t rb = rb0 + (i / 32) / ktiles;
     const int64_t r0 = rb * 16 + g, r1 = r0 + 8;
-    const float s[2] = {r0 < w.out ? scale_of(r0) : 1.f, r1 < w.out ? scale_of(r1) : 1.f};
+    const float s[2] = {r0 < w.out ? row_scales[r0] : 1.f, r1 < w.out ? row_scales[r1] : 1.f};
     const float rs[2] = {__frcp_rn(s[0]), __frcp_rn(s[1])};
     if constexpr (FMT == kQ4)
       if (table && w.group % 64 == 0) {  // whole warps: every lane takes this branch
@@ -885,7 +884,7 @@ __global__ void qrequant_int8_kernel(QWeight w, int64_t rb0, uint32_t nrb, int64
     });
   }
   for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows; r += int64_t(gridDim.x) * blockDim.x) {
-    scales[r] = scale_of(row0 + r);
+    scales[r] = row_scales[row0 + r];
     offsets[r] = 0.f;
   }
 }
@@ -1443,20 +1442,20 @@ void launch_qdequant(const QWeight& w, int64_t row0, int64_t rows, void* dst, cu
   SALA_CUDA_LAUNCH("qdequant kernel");
 }
 
-void launch_qrow_absmax(const QWeight& w, float* amax, cudaStream_t st) {
-  SALA_CUDA_REQUIRE(w.fmt == kQ4 || w.fmt == kQ8, "qrow_absmax: Q4 or Q8 weights only");
+void launch_qrow_int8_scales(const QWeight& w, float* scales, cudaStream_t st) {
+  SALA_CUDA_REQUIRE(w.fmt == kQ4 || w.fmt == kQ8, "qrow_int8_scales: Q4 or Q8 weights only");
   const int64_t nrb = (w.out + 15) / 16;
-  SALA_CUDA_REQUIRE(nrb < (int64_t(1) << 31), "qrow_absmax: too many rows");
-  if (w.fmt == kQ4) qrow_absmax_kernel<kQ4><<<unsigned(nrb), 256, 0, st>>>(w, amax);
-  else qrow_absmax_kernel<kQ8><<<unsigned(nrb), 256, 0, st>>>(w, amax);
-  SALA_CUDA_LAUNCH("qrow_absmax kernel");
+  SALA_CUDA_REQUIRE(nrb < (int64_t(1) << 31), "qrow_int8_scales: too many rows");
+  if (w.fmt == kQ4) qrow_int8_scales_kernel<kQ4><<<unsigned(nrb), 256, 0, st>>>(w, scales);
+  else qrow_int8_scales_kernel<kQ8><<<unsigned(nrb), 256, 0, st>>>(w, scales);
+  SALA_CUDA_LAUNCH("qrow_int8_scales kernel");
 }
 
-void launch_qrequant_int8(const QWeight& w, const float* row_absmax, int64_t row0, int64_t rows, void* codes,
+void launch_qrequant_int8(const QWeight& w, const float* row_scales, int64_t row0, int64_t rows, void* codes,
                           float* scales, float* offsets, cudaStream_t st) {
   if (rows <= 0) return;
   SALA_CUDA_REQUIRE(w.fmt == kQ4 || w.fmt == kQ8, "qrequant_int8: Q4 or Q8 weights only");
-  SALA_CUDA_REQUIRE(row_absmax != nullptr, "qrequant_int8: the weight has no row maxima (launch_qrow_absmax)");
+  SALA_CUDA_REQUIRE(row_scales != nullptr, "qrequant_int8: the weight has no row scales (launch_qrow_int8_scales)");
   SALA_CUDA_REQUIRE(row0 % 16 == 0 && w.in % 4 == 0, "qrequant_int8: first row must start a row block");
   const int64_t rb0 = row0 / 16, nrb = (rows + 15) / 16;
   const int64_t n = nrb * ((w.in + tile_k(w.fmt) - 1) / tile_k(w.fmt)) * 32;
@@ -1469,10 +1468,10 @@ void launch_qrequant_int8(const QWeight& w, const float* row_absmax, int64_t row
     return !(e && std::string(e) == "0");
   }();
   if (w.fmt == kQ4)
-    qrequant_int8_kernel<kQ4><<<blocks, 256, 0, st>>>(w, rb0, uint32_t(nrb), row0, rows, row_absmax, d, scales, offsets,
+    qrequant_int8_kernel<kQ4><<<blocks, 256, 0, st>>>(w, rb0, uint32_t(nrb), row0, rows, row_scales, d, scales, offsets,
                                                       table);
   else
-    qrequant_int8_kernel<kQ8><<<blocks, 256, 0, st>>>(w, rb0, uint32_t(nrb), row0, rows, row_absmax, d, scales, offsets,
+    qrequant_int8_kernel<kQ8><<<blocks, 256, 0, st>>>(w, rb0, uint32_t(nrb), row0, rows, row_scales, d, scales, offsets,
                                                       table);
   SALA_CUDA_LAUNCH("qrequant_int8 kernel");
 }

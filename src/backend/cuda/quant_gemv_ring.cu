@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kRingThreads, kCtasPerSm<FMT>) qgemv_ring_kern
         for (int cc = 0; cc < cpr; ++cc, ++it) {
           if (it == a.pre) grid_dep_wait();  // the rest once the kernels before have finished
           // Paced: chunk i of those before the wait no earlier than i·pace cycles after the start.
-          if (it < a.pre)
+          if (it < a.pre && a.pace > 0)
             while (clock64() - t0 < (long long)a.pace * it) __nanosleep(32);
           if (it >= slots) mbar_wait(empty + 8 * s, phase);
           uint8_t* slot = ring + size_t(s) * kSlotBytes<FMT>;
