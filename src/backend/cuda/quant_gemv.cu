@@ -752,25 +752,21 @@ __device__ __forceinline__ void piece_values(const QWeight& w, int64_t rb, uint3
   }
 }
 
-// One thread per lane piece of the row blocks [rb0, rb0 + nrb): rows [row0, row0 + rows) of W.
-// Index arithmetic in 32 bits (≤ 2^31 pieces per call, checked by the launcher).
+// One thread per lane piece of the row blocks [rb0, rb0 + nrb) (for_each_lane_piece): rows
+// [row0, row0 + rows) of W.
 template <int FMT>
 __global__ void qdequant_kernel(QWeight w, int64_t rb0, uint32_t nrb, int64_t row0, int64_t rows, bf16* dst) {
-  constexpr int KT = tile_k(FMT);
-  const int64_t in = w.in;
-  const uint32_t ktiles = uint32_t((in + KT - 1) / KT), total = nrb * ktiles * 32;
-  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const int lane = int(i % 32), g = lane / 4;
-    const int64_t rb = rb0 + (i / 32) / ktiles;
-    piece_values<FMT>(w, rb, (i / 32) % ktiles, lane, ktiles, [&](int r8, uint32_t k, const float v[4]) {
-      const int64_t row = rb * 16 + g + 8 * r8;
+  const uint32_t ktiles = uint32_t((w.in + tile_k(FMT) - 1) / tile_k(FMT));
+  for_each_lane_piece(FMT, w.in, rb0, nrb, [&](int64_t rb, uint32_t kt, int lane) {
+    piece_values<FMT>(w, rb, kt, lane, ktiles, [&](int r8, uint32_t k, const float v[4]) {
+      const int64_t row = rb * 16 + lane / 4 + 8 * r8;
       if (row >= w.out || row >= row0 + rows) return;
       uint2 out;
       out.x = pack_bf16x2(v[0], v[1]);
       out.y = pack_bf16x2(v[2], v[3]);
-      *reinterpret_cast<uint2*>(dst + (row - row0) * in + k) = out;
+      *reinterpret_cast<uint2*>(dst + (row - row0) * w.in + k) = out;
     });
-  }
+  });
 }
 
 // --int8-prefill for Q4 / grouped Q8 (w8a8_prefill.cu's activation rule applied to weight rows):
@@ -850,28 +846,21 @@ __device__ __forceinline__ void qrequant_int4_table_piece(const QWeight& w, int6
     }
 }
 
-// One thread per lane piece of the row blocks [rb0, rb0 + nrb): rows [row0, row0 + rows) of W as
-// row-major int8 at dst, their scales (and offsets 0) for the epilogue. 32-bit piece index
-// (≤ 2^31 pieces per call, checked by the launcher).
+// One thread per lane piece of the row blocks [rb0, rb0 + nrb) (for_each_lane_piece): rows
+// [row0, row0 + rows) of W as row-major int8 at dst, their scales (and offsets 0) for the epilogue.
 template <int FMT>
 __global__ void qrequant_int8_kernel(QWeight w, int64_t rb0, uint32_t nrb, int64_t row0, int64_t rows,
                                      const float* __restrict__ row_scales, int8_t* __restrict__ dst,
                                      float* __restrict__ scales, float* __restrict__ offsets, bool table) {
-  constexpr int KT = tile_k(FMT);
-  const int64_t in = w.in;
-  const uint32_t ktiles = uint32_t((in + KT - 1) / KT), total = nrb * ktiles * 32;
-  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const int lane = int(i % 32), g = lane / 4;
-    const int64_t rb = rb0 + (i / 32) / ktiles;
-    const int64_t r0 = rb * 16 + g, r1 = r0 + 8;
+  const uint32_t ktiles = uint32_t((w.in + tile_k(FMT) - 1) / tile_k(FMT));
+  for_each_lane_piece(FMT, w.in, rb0, nrb, [&](int64_t rb, uint32_t kt, int lane) {
+    const int64_t r0 = rb * 16 + lane / 4, r1 = r0 + 8;
     const float s[2] = {r0 < w.out ? row_scales[r0] : 1.f, r1 < w.out ? row_scales[r1] : 1.f};
     const float rs[2] = {__frcp_rn(s[0]), __frcp_rn(s[1])};
     if constexpr (FMT == kQ4)
-      if (table && w.group % 64 == 0) {  // whole warps: every lane takes this branch
-        qrequant_int4_table_piece(w, rb, (i / 32) % ktiles, lane, ktiles, s, rs, row0, rows, dst);
-        continue;
-      }
-    piece_values<FMT>(w, rb, (i / 32) % ktiles, lane, ktiles, [&](int r8, uint32_t k, const float v[4]) {
+      if (table && w.group % 64 == 0)  // whole warps: every lane takes this branch
+        return qrequant_int4_table_piece(w, rb, kt, lane, ktiles, s, rs, row0, rows, dst);
+    piece_values<FMT>(w, rb, kt, lane, ktiles, [&](int r8, uint32_t k, const float v[4]) {
       const int64_t row = r8 ? r1 : r0;
       if (row >= w.out || row >= row0 + rows) return;
       uint32_t packed = 0;
@@ -880,9 +869,9 @@ __global__ void qrequant_int8_kernel(QWeight w, int64_t rb0, uint32_t nrb, int64
         const float b = __bfloat162float(__float2bfloat16_rn(v[cc]));
         packed |= uint32_t(max(-127, min(127, rint_div_recip(b, s[r8], rs[r8]))) & 0xff) << (8 * cc);
       }
-      *reinterpret_cast<uint32_t*>(dst + (row - row0) * in + k) = packed;
+      *reinterpret_cast<uint32_t*>(dst + (row - row0) * w.in + k) = packed;
     });
-  }
+  });
   for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows; r += int64_t(gridDim.x) * blockDim.x) {
     scales[r] = row_scales[row0 + r];
     offsets[r] = 0.f;

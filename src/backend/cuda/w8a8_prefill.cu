@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/quant_decode.cuh"
 #include "backend/quant_layout.h"
 
 namespace sala::cuda {
@@ -165,11 +166,9 @@ __global__ void qcanonical_kernel(QWeight w, int64_t rb0, uint32_t nrb, int64_t 
   constexpr int KT = tile_k(FMT), MT = KT / 16;
   constexpr uint32_t kFlip = FMT == kQ8 ? 0x80808080u : 0u;
   const int64_t in = w.in;
-  const uint32_t ktiles = uint32_t((in + KT - 1) / KT), total = nrb * ktiles * 32;
-  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const int lane = int(i % 32), g = lane / 4, t = lane % 4;
-    const uint32_t kt = (i / 32) % ktiles;
-    const int64_t rb = rb0 + (i / 32) / ktiles;
+  const uint32_t ktiles = uint32_t((in + KT - 1) / KT);
+  for_each_lane_piece(FMT, in, rb0, nrb, [&](int64_t rb, uint32_t kt, int lane) {
+    const int g = lane / 4, t = lane % 4;
     const uint4 c = __ldg(static_cast<const uint4*>(w.codes) + (rb * ktiles + kt) * 32 + lane);
     const uint32_t words[4] = {c.x, c.y, c.z, c.w};
 #pragma unroll
@@ -188,7 +187,7 @@ __global__ void qcanonical_kernel(QWeight w, int64_t rb0, uint32_t nrb, int64_t 
         if (k < in) *reinterpret_cast<uint32_t*>(dst + (row - row0) * in + k) = words[2 * j + r8] ^ kFlip;
       }
     }
-  }
+  });
 }
 
 // acc: cuBLASLt's int32 D, column-major [rows, N] (ld = rows); y[n, r] (y already offset to the
