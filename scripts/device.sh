@@ -175,20 +175,21 @@ if want quant-bench; then
     run "quant-int4-g128" "$OUT/quant_bench.log" timeout 300 "$SALA" bench --random 9b --backend cuda --quant int4 \
       --quant-group 128 --quant-lm-head --contexts 4k,32k --batches 1,8,32 --decode-steps 32 --json "$OUT/quant-int4-g128-lm.json"
     if [ "$LAST_RC" -eq 0 ]; then note "quant-i4g128" ok "$LAST_DT" "quant-int4-g128-lm.json"; else note "quant-i4g128" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
-    # fp8 with the prompt on fp8 tensor cores (--fp8-prefill, W8A8): the prefill column is the point.
-    run "quant-fp8-prefill" "$OUT/quant_bench.log" timeout 300 "$SALA" bench --random 9b --backend cuda --quant fp8 \
-      --fp8-prefill --contexts 4k,32k --batches 1 --decode-steps 32 --json "$OUT/quant-fp8-prefill.json"
-    if [ "$LAST_RC" -eq 0 ]; then note "quant-fp8-pf" ok "$LAST_DT" "quant-fp8-prefill.json"; else note "quant-fp8-pf" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
+    # fp8 with a weight-only prompt (--no-fp8-prefill; the rows above run it on fp8 tensor cores, the
+    # default there): the prefill column is the point.
+    run "quant-fp8-wo" "$OUT/quant_bench.log" timeout 300 "$SALA" bench --random 9b --backend cuda --quant fp8 \
+      --no-fp8-prefill --contexts 4k,32k --batches 1 --decode-steps 32 --json "$OUT/quant-fp8-weight-only.json"
+    if [ "$LAST_RC" -eq 0 ]; then note "quant-fp8-wo" ok "$LAST_DT" "quant-fp8-weight-only.json"; else note "quant-fp8-wo" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
   else
     note quant-bench skipped 0 "no sala binary"
   fi
 fi
 # Quality of the packed formats on the full 9B shape (random weights): the dense bf16 model's
-# logits against each format's, 10240 positions (sparse regime), lm_head kept and quantized, and
-# fp8 with its prompt chunks through --fp8-prefill (W8A8).
+# logits against each format's, 10240 positions (sparse regime), lm_head kept and quantized (fp8's
+# prompt chunks on fp8 tensor cores, the default here), and fp8 weight-only (--no-fp8-prefill).
 if want quant-quality; then
   if [ -x "$SALA" ]; then
-    for variant in ":fp8,int8,int4" "--lm-head:fp8,int8,int4" "--fp8-prefill:fp8"; do
+    for variant in ":fp8,int8,int4" "--lm-head:fp8,int8,int4" "--no-fp8-prefill:fp8"; do
       flag=${variant%%:*} formats=${variant#*:}
       tag=quant-quality${flag:+-${flag#--}}
       run "$tag" "$OUT/$tag.log" timeout 400 "$SALA" quant-quality --random 9b --backend cuda $flag \
@@ -228,7 +229,7 @@ if want qgemm; then
       fmt=${q%%:*} mode=${q##*:}
       [ "$mode" = - ] && mode=1
       run "qgemm-$fmt-$mode" "$OUT/qgemm.log" env SALA_CUDA_QGEMM="$mode" timeout 200 "$SALA" bench --random 9b \
-        --backend cuda --quant "$fmt" --contexts 1k --batches ${SALA_QGEMM_BATCHES:-128,256} --batch-context 512 --decode-steps ${SALA_QGEMM_STEPS:-8} \
+        --backend cuda --quant "$fmt" --no-fp8-prefill --contexts 1k --batches ${SALA_QGEMM_BATCHES:-128,256} --batch-context 512 --decode-steps ${SALA_QGEMM_STEPS:-8} \
         --json "$OUT/qgemm-$fmt-$mode.json"
       if [ "$LAST_RC" -eq 0 ]; then note "qgemm-$fmt-$mode" ok "$LAST_DT" "SALA_CUDA_QGEMM=$mode"; else note "qgemm-$fmt-$mode" FAIL "$LAST_DT" "rc $LAST_RC"; FAILED=1; fi
     done
@@ -238,9 +239,11 @@ fi
 # ---- prefill A/B, bf16 against packed weights: warm, median of 5 prefills per context ----
 if want quant-prefill; then
   if have_bench; then
-    # FORMAT+w8a8: with the format's W8A8 prefill flag (--fp8-prefill for fp8, --int8-prefill otherwise)
+    # FORMAT+w8a8: with the format's W8A8 prefill flag (--fp8-prefill for fp8, --int8-prefill otherwise);
+    # FORMAT alone: weight-only (fp8: --no-fp8-prefill)
     for q in ${SALA_QPREFILL_RUNS:-none fp8 fp8+w8a8 int8 int8+w8a8 int4 int4+w8a8 none}; do
       fmt=${q%+w8a8}; w8a8=()
+      [ "$fmt" = fp8 ] && w8a8=(--no-fp8-prefill)
       [ "$fmt" != "$q" ] && { [ "$fmt" = fp8 ] && w8a8=(--fp8-prefill) || w8a8=(--int8-prefill); }
       run "qprefill-$q" "$OUT/quant_prefill.log" timeout 200 "$SALA" bench --random 9b --backend cuda --quant "$fmt" \
         "${w8a8[@]}" ${SALA_QPREFILL_ARGS:---contexts 4k,16k --batches 1 --decode-steps 4 --prefill-reps 5} \

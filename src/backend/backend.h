@@ -294,9 +294,17 @@ class Backend {
   // least kW8A8PrefillMinRows rows (prompt chunks; decode steps of more than 64 sequences) quantize
   // each activation row to e4m3 with its own scale and multiply in fp8 (W8A8: y = s_x·s_w·Σ q_x·q_w);
   // fewer rows (decode, speculative verification of up to 64 rows) keep the weight-only product.
-  // Off by default. A backend that cannot run it says so here.
+  // Off in a new backend (the command line's default: native_fp8). A backend that cannot run it says so here.
   virtual void set_fp8_prefill(bool on) { fp8_prefill_ = on; }
   bool fp8_prefill() const { return fp8_prefill_; }
+  // Whether this backend multiplies fp8 natively (CUDA: fp8 tensor cores, compute capability 8.9+).
+  // Where it does, the command line turns the fp8 prefill on unless --no-fp8-prefill is given, as
+  // vLLM runs fp8 checkpoints in fp8 (docs/quantization.md, "Prefill").
+  virtual bool native_fp8() const { return false; }
+  // The fp8 prefill was turned on as that default, not asked for: notes about models without FP8
+  // weights stay quiet.
+  void set_fp8_prefill_by_default(bool on) { fp8_prefill_by_default_ = on; }
+  bool fp8_prefill_by_default() const { return fp8_prefill_by_default_; }
   // `--int8-prefill`: the same for int8 and int4 weights: each activation row quantized to int8
   // (s_x = max|x| / 127, round to nearest even), exact int32 products on int8 tensor cores,
   // y = s_w·s_x·Σ q_x·q_w + c_w·s_x·Σ q_x. Per-row int8 weights (`sala quantize --format int8`)
@@ -307,6 +315,7 @@ class Backend {
 
  protected:
   bool fp8_prefill_ = false;
+  bool fp8_prefill_by_default_ = false;
   bool int8_prefill_ = false;
 };
 

@@ -101,6 +101,7 @@ int run_format_comparison(Backend& backend, const CompareOptions& o) {
   const int64_t max_ctx = o.contexts.back() + int64_t(o.contexts.size()) * (o.steps + 2) + 1;
   // The speed of light of each row: its bytes per step at this machine's measured bandwidth.
   const double bandwidth = measure_bandwidth(backend, backend.name() != "cpu");
+  backend.set_fp8_prefill_by_default(false);  // each row's label says its prefill, not the command line's default
   for (int round = 0; round < o.rounds; ++round) {
     for (size_t fi = 0; fi < o.formats.size(); ++fi) {
       const FormatSpec& f = o.formats[fi];

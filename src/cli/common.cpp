@@ -17,9 +17,13 @@ void BackendOptions::add(CLI::App& app) {
   app.add_flag("--deterministic", deterministic,
                "batch-invariant numerics: a sequence's output does not depend on the other sequences decoded "
                "with it, the thread count or speculation (CPU: slower prefill; CUDA: fixed decode kernels, slower decode)");
-  app.add_flag("--fp8-prefill", fp8_prefill,
-               "FP8 checkpoints: prefill products (65+ rows) quantize each activation row to e4m3 and run on fp8 "
-               "tensor cores (W8A8: faster prefill, a little more error; decode batches of up to 64 rows stay weight-only)");
+  auto* fp8 = app.add_flag("--fp8-prefill", fp8_prefill,
+                           "FP8 checkpoints: prefill products (65+ rows) quantize each activation row to e4m3 and run on "
+                           "fp8 tensor cores (W8A8: faster prefill, a little more error; decode batches of up to 64 rows "
+                           "stay weight-only). The default where the GPU has fp8 tensor cores (compute capability 8.9+)");
+  app.add_flag("--no-fp8-prefill", no_fp8_prefill,
+               "FP8 checkpoints: weight-only prefill (bf16 activations) even on fp8 tensor cores")
+      ->excludes(fp8);
   app.add_flag("--int8-prefill", int8_prefill,
                "int8 and int4 checkpoints: prefill products (65+ rows) quantize each activation row to int8 and run on "
                "int8 tensor cores (W8A8; int4 and grouped int8 weights requantized per row to int8; decode batches of up "
@@ -33,7 +37,10 @@ std::unique_ptr<Backend> BackendOptions::make() const {
     name = std::find(names.begin(), names.end(), "cuda") != names.end() ? "cuda" : "cpu";
   }
   auto b = make_backend(name, threads, deterministic);
-  if (fp8_prefill) b->set_fp8_prefill(true);
+  if (fp8_prefill || (!no_fp8_prefill && b->native_fp8())) {
+    b->set_fp8_prefill(true);
+    b->set_fp8_prefill_by_default(!fp8_prefill);
+  }
   if (int8_prefill) b->set_int8_prefill(true);
   return b;
 }
@@ -42,13 +49,17 @@ void print_weight_notes(const ModelConfig& config, const ModelWeights& w, Backen
   // Quantized checkpoints: say how the matrices are held (packed, or anything dequantized).
   if (w.lm_head.packed() || (!w.layers.empty() && w.layers[0].gate.packed()) || !w.dequantized.empty())
     std::fprintf(stderr, "weights on %s: %s\n", backend.name().c_str(), describe_weight_formats(config, w).c_str());
-  if (backend.fp8_prefill()) {
-    bool fp8 = w.lm_head.format == WeightFormat::FP8;
-    for (const auto& l : w.layers) fp8 = fp8 || l.gate.format == WeightFormat::FP8 || l.o.format == WeightFormat::FP8;
-    std::fprintf(stderr, fp8 ? "fp8 prefill: on (products of %lld+ rows quantize activations to e4m3 per row)\n"
-                             : "warning: --fp8-prefill has no effect: the model has no FP8 weights\n",
+  bool fp8 = w.lm_head.format == WeightFormat::FP8;
+  for (const auto& l : w.layers) fp8 = fp8 || l.gate.format == WeightFormat::FP8 || l.o.format == WeightFormat::FP8;
+  if (fp8 && backend.fp8_prefill())
+    std::fprintf(stderr, "fp8 prefill: on%s (products of %lld+ rows quantize activations to e4m3 per row)\n",
+                 backend.fp8_prefill_by_default() ? " by default on fp8 tensor cores; --no-fp8-prefill: weight-only" : "",
                  static_cast<long long>(kW8A8PrefillMinRows));
-  }
+  else if (fp8)
+    std::fprintf(stderr, "fp8 prefill: off (weight-only prompt products: bf16 activations%s)\n",
+                 backend.native_fp8() ? "" : "; this backend has no fp8 tensor cores");
+  else if (backend.fp8_prefill() && !backend.fp8_prefill_by_default())
+    std::fprintf(stderr, "warning: --fp8-prefill has no effect: the model has no FP8 weights\n");
   if (backend.int8_prefill()) {
     int exact = 0, requantized = 0;
     auto count = [&](const Weight& m) {

@@ -23,7 +23,11 @@ struct BackendOptions {
   std::string backend = "auto";  // auto: cuda when a GPU is present, else cpu
   int threads = 0;
   bool deterministic = false;  // batch-invariant numerics (CPU and CUDA backends)
-  bool fp8_prefill = false;    // prefill products of FP8 weights in fp8 (W8A8, Backend::set_fp8_prefill)
+  // Prefill products of FP8 weights in fp8 (W8A8, Backend::set_fp8_prefill): on where the backend
+  // multiplies fp8 natively (Backend::native_fp8) unless --no-fp8-prefill; --fp8-prefill insists
+  // (an error where it cannot run).
+  bool fp8_prefill = false;
+  bool no_fp8_prefill = false;
   bool int8_prefill = false;   // prefill products of int8 and int4 weights in int8 (W8A8, Backend::set_int8_prefill)
   void add(CLI::App& app);
   std::unique_ptr<Backend> make() const;

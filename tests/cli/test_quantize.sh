@@ -89,6 +89,17 @@ awk -F'|' '{ exit !($4 > 0 && $4 < 0.3 && $5 > 0.5) }' <<<"$w8a8" || fail "--fp8
 grep -q "fp8 prefill: on" "$tmp/pf.err" || fail "fp8 model: no fp8 prefill note: $(cat "$tmp/pf.err")"
 "$SALA" logits "$tmp/int8" --tokens 1,5,6 --fp8-prefill --out "$tmp/pf8.npy" 2>"$tmp/pf8.err" || fail "int8 --fp8-prefill"
 grep -q "warning: --fp8-prefill has no effect" "$tmp/pf8.err" || fail "int8 model: no warning: $(cat "$tmp/pf8.err")"
+# By default the fp8 prefill is on where the backend has fp8 tensor cores (CUDA 8.9+; checked by
+# tests/cuda/e2e_parity.sh): the CPU has none, so its fp8 prompts stay weight-only, and it says so.
+grep -q "fp8 prefill: off (weight-only prompt products: bf16 activations; this backend has no fp8 tensor cores)" \
+  "$tmp/fp8.err" || fail "fp8 model on cpu: no weight-only note: $(cat "$tmp/fp8.err")"
+"$SALA" logits "$tmp/f32" --tokens 1,5,6 --out "$tmp/np.npy" 2>"$tmp/np.err" || fail "f32 logits"
+! grep -q "fp8 prefill" "$tmp/np.err" || fail "f32 model: an fp8 prefill note: $(cat "$tmp/np.err")"
+"$SALA" logits "$tmp/fp8" --tokens 1,5,6,7,8,9 --no-fp8-prefill --out "$tmp/nopf.npy" 2>/dev/null || fail "--no-fp8-prefill"
+cmp -s "$tmp/nopf.npy" "$tmp/fp8.npy" || fail "--no-fp8-prefill changed the cpu's weight-only logits"
+! "$SALA" logits "$tmp/fp8" --tokens 1,5,6 --fp8-prefill --no-fp8-prefill --out "$tmp/x.npy" 2>"$tmp/err" ||
+  fail "--fp8-prefill with --no-fp8-prefill accepted"
+grep -q "excludes" "$tmp/err" || fail "--fp8-prefill --no-fp8-prefill message: $(cat "$tmp/err")"
 # --int8-prefill: the same for int8 and int4 (requantized per row); fp8 models get a warning.
 out=$("$SALA" quant-quality "$tmp/f32" --formats int8 --positions 200 --chunk 100 --decode 4 --backend cpu \
   --int8-prefill 2>/dev/null) || fail "quant-quality --int8-prefill"

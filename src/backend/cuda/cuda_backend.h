@@ -86,6 +86,7 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   // --fp8-prefill: cuBLASLt's fp8 GEMM with per-row scales (cuda_quant.cpp); sm_89 or newer.
   void set_fp8_prefill(bool on) override;
+  bool native_fp8() const override { return props_.major * 10 + props_.minor >= 89; }
   // --int8-prefill: cuBLASLt's int8 GEMM on Q8 / Q4 weights, exact int32 products (cuda_quant.cpp).
   void set_int8_prefill(bool on) override;
 

@@ -247,7 +247,7 @@ void CudaBackend::matmul_packed(const Mat& x, const Weight& w, Mat y) {
 
 void CudaBackend::set_fp8_prefill(bool on) {
   if (on) {
-    SALA_CHECK(props_.major * 10 + props_.minor >= 89,
+    SALA_CHECK(native_fp8(),
                "--fp8-prefill: fp8 tensor cores need compute capability 8.9 or newer; {} has {}.{}", props_.name,
                props_.major, props_.minor);
     if (!cublas_lt_) SALA_CUBLAS_CHECK(cublasLtCreate(&cublas_lt_));
