@@ -24,6 +24,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/quant_gemv_ring.h"
+#include "backend/cuda/w8a8_gemm.h"
 #include "backend/quant_layout.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -779,11 +780,11 @@ void test_fp8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
   }
 }
 
-// --int8-prefill: cuBLASLt's int8 GEMM (exact int32 products) on activations quantized per row and
-// the epilogue (w8a8_prefill.cu) against the CPU's W8A8 int8 product (tested there against a scalar
-// reference): bit for bit, on the same bf16 inputs, for per-row int8 weights (symmetric and affine
-// rows) and for int4 / grouped int8 weights requantized per row; fewer rows and shapes cuBLASLt
-// cannot take stay weight-only (the same bits as the switch off).
+// --int8-prefill against the CPU's W8A8 int8 product (tested there against a scalar reference): bit
+// for bit, on the same bf16 inputs, for per-row int8 weights (symmetric and affine rows; this
+// backend's own GEMM, w8a8_gemm.cu, and — switched off — cuBLASLt's int8 GEMM with the int32
+// epilogue pass, w8a8_prefill.cu) and for int4 / grouped int8 weights requantized per row (cuBLASLt);
+// fewer rows and shapes neither can take stay weight-only (the same bits as the switch off).
 void test_int8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
   struct Case {
     WeightFormat f;
@@ -795,6 +796,7 @@ void test_int8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
   const Case cases[] = {{Q8, 400, 512, 65, 512, DType::BF16, false, true},   {Q8, 4096, 4096, 300, 4096, DType::BF16, true, true},
                         {Q8, 1000, 1024, 129, 1024, DType::F32, true, true}, {Q8, 4096, 16384, 96, 16384, DType::BF16, false, true},
                         {Q8, 1002, 1024, 70, 1024, DType::F32, false, true}, {Q8, 256, 512, 80, 64, DType::BF16, false, true},
+                        {Q8, 2000, 4096, 1000, 4096, DType::BF16, true, true},  // four token tiles, a partial row tile
                         {Q4, 4096, 4096, 200, 64, DType::BF16, false, true}, {Q4, 1000, 1024, 90, 128, DType::F32, false, true},
                         {Q4, 520, 1024, 70, 32, DType::BF16, false, true},  // int4 g32: value by value, not the 64-column tables
                         // 4096 rows: blocks of 8192 weight rows (the int32 products' bound), the second from row 8192
@@ -832,9 +834,18 @@ void test_int8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
       check(differ == 0 && e_off > 1e-4 && e_off < 0.05, name,
             strf("%lld of %zu values differ from the CPU's W8A8 int8; rel %.2e vs weight-only", (long long)differ,
                  ref.size(), e_off));
+      if (c.f == Q8 && c.group == c.in) {  // the same product through cuBLASLt and the epilogue pass
+        cuda::set_w8a8_gemm(false);
+        gpu.set_int8_prefill(true);
+        const auto lt = run_matmul(gpu, wg, x, c.n, DType::BF16, c.yd);
+        gpu.set_int8_prefill(false);
+        cuda::set_w8a8_gemm(true);
+        check(lt == got, name + " (cuBLASLt)", "equal to this backend's GEMM bit for bit");
+      }
     } catch (const std::exception& ex) {
       cpu.set_int8_prefill(false);
       gpu.set_int8_prefill(false);
+      cuda::set_w8a8_gemm(true);
       check(false, name, ex.what());
     }
   }

@@ -20,6 +20,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/w8a8_gemm.h"
 #include "backend/quant_layout.h"
 #include "core/error.h"
 
@@ -449,6 +450,17 @@ void CudaBackend::matmul_int8_activations(const QuantizedRows& xq, const Weight&
   constexpr size_t kInt8AccBytes = size_t(128) << 20;
   const int64_t in = w.in(), out = w.out(), N = xq.n;
   const bool exact = w.format == WeightFormat::Q8 && w.group == in;
+  const cuda::Dt ydt = y.dtype == DType::BF16 ? cuda::kBF16 : cuda::kF32;
+  if (exact) {  // per-row int8: this project's GEMM, the same bits without the round trips (w8a8_gemm.cu)
+    const cuda::QWeight q = qweight(w);
+    const std::string why = cuda::w8a8_gemm_unfit(q, xq.codes, N);
+    if (why.empty()) return cuda::launch_w8a8_gemm(q, xq.codes, N, xq.scales, xq.sums, y.data, ydt, y.cols, stream_);
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      std::fprintf(stderr, "note: --int8-prefill: per-row int8 products go through cuBLASLt's int8 GEMM and an int32 "
+                           "epilogue pass, not this backend's own GEMM (%s)\n", why.c_str());
+    });
+  }
 
   int64_t block = std::min<int64_t>(out, int64_t((qscratch_.capacity() - 1024) / int8_block_row_bytes(w)) / 16 * 16);
   block = std::max<int64_t>(16, std::min<int64_t>(block, int64_t(kInt8AccBytes / (size_t(N) * 4)) / 16 * 16));
@@ -460,7 +472,6 @@ void CudaBackend::matmul_int8_activations(const QuantizedRows& xq, const Weight&
   const LtPtr<cublasLtMatmulDesc_t> desc = lt_tn_desc(CUBLAS_COMPUTE_32I, CUDA_R_32I);
   LtBlockPlan plan(cublas_lt_, desc.get(), CUDA_R_8I, CUDA_R_32I, in, N);
   const int32_t alpha = 1, beta = 0;
-  const cuda::Dt ydt = y.dtype == DType::BF16 ? cuda::kBF16 : cuda::kF32;
   for (int64_t o0 = 0; o0 < out; o0 += block) {
     const int64_t rows = std::min(block, out - o0);
     if (exact) cuda::launch_qcanonical(qweight(w), o0, rows, wq, ws, wc, stream_);

@@ -45,6 +45,7 @@
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/hopper.cuh"
 #include "backend/cuda/quant_decode.cuh"
 #include "backend/quant_layout.h"
 
@@ -145,22 +146,9 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t adesc, uint64_
 #undef SALA_ACC32
 #undef SALA_ACC8
 
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// mbarriers (kPipelined; mbar_init, mbar_wait: quant_decode.cuh): a stage's "full" barrier completes
-// when every thread's cp.async copies of it have landed, its "empty" barrier when every warp's
-// wgmmas on it are done.
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-}
+// kPipelined's mbarriers (mbar_init, mbar_wait: quant_decode.cuh; mbar_arrive: hopper.cuh): a
+// stage's "full" barrier completes when every thread's cp.async copies of it have landed, its
+// "empty" barrier when every warp's wgmmas on it are done.
 // Arrives once this thread's earlier cp.async copies have completed (counted in the init count).
 __device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
@@ -168,12 +156,6 @@ __device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
 
 // Keeps the compiler from moving accumulator accesses across the asynchronous wgmmas.
 __device__ __forceinline__ void keep(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-
-// Shared-memory matrix descriptor of a K-major bf16 tile with 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart (stride byte offset), the leading byte offset unused.
-__device__ __forceinline__ uint64_t b_desc(uint32_t saddr) {
-  return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
 
 // q (an exact small integer) as f32: the bits of 2^23 + q minus 2^23.
 __device__ __forceinline__ float int_f32(uint32_t q) { return __uint_as_float(0x4B000000u | q) - 8388608.f; }
@@ -378,7 +360,7 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(BN))
     decode_step<FMT, 3>(c, pp, src1, src2, t, frag[3]);
   };
   auto issue_mma = [&](uint32_t b, const uint32_t (&frag)[4][4]) {
-    const uint64_t desc = b_desc(sbase + b * kStageBytes);
+    const uint64_t desc = sw128_desc(sbase + b * kStageBytes);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_rs(acc, frag[kk], desc + uint64_t(2 * kk));  // +32 B per k16
@@ -455,18 +437,6 @@ constexpr int ws_smem_bytes(int fmt, int bn) {
 static_assert(ws_smem_bytes(kFP8, 256) <= 227 * 1024, "the 256-token ring must fit an SM's shared memory");
 
 #ifdef SALA_QGEMM_WGMMA
-// TMA: a 2-D box of x (64 k × BN tokens) into shared memory; its bytes complete the barrier's transaction.
-__device__ __forceinline__ void tma_load_x(uint32_t dst, const CUtensorMap* map, int k, int n, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
-          "r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(n), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
 __device__ __forceinline__ void st_shared_v2(uint32_t addr, uint32_t a, uint32_t b) {
   asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(addr), "r"(a), "r"(b) : "memory");
 }
@@ -583,7 +553,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       if (s >= S) mbar_wait(empty + 8 * b, uint32_t(s / S - 1) & 1u);  // consumers done with the A tile and x
       if (warp == 8 && lane == 0) {  // x: one TMA copy, counted in bytes by the barrier
         mbar_arrive_expect_tx(full + 8 * b, uint32_t(kXBytes));
-        tma_load_x(stage + kABytes, &xmap, (sbeg + s) * kBK, n0, full + 8 * b);
+        tma_load_2d(stage + kABytes, &xmap, (sbeg + s) * kBK, n0, full + 8 * b);
       }
       mbar_wait(codes_bar + 8 * b, uint32_t(s / S) & 1u);
       decode(stage, pp);
@@ -619,7 +589,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   for (int s = 0; s < stages; ++s) {
     const uint32_t b = uint32_t(s % S), stage = sbase + b * uint32_t(kStage);
     mbar_wait(full + 8 * b, uint32_t(s / S) & 1u);  // x landed (TMA) and the A tile is decoded
-    const uint64_t ad = b_desc(stage + uint32_t(cw * 64 * 128)), bd = b_desc(stage + kABytes);
+    const uint64_t ad = sw128_desc(stage + uint32_t(cw * 64 * 128)), bd = sw128_desc(stage + kABytes);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_ss(acc, ad + uint64_t(2 * kk), bd + uint64_t(2 * kk));  // +32 B per k16
@@ -662,21 +632,6 @@ __global__ void qgemm_split_reduce_kernel(const float* __restrict__ ws, int spli
   }
 }
 
-// The driver's tensor-map encoder (null if it has none), looked up once by qgemm_available — at the
-// first packed load, outside any graph capture.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    const cudaError_t e =
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
-    return e == cudaSuccess && found == cudaDriverEntryPointSuccess
-               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
-               : nullptr;
-  }();
-  return encode;
-}
-
 // x [N][in] bf16 (row stride ldx) as a TMA tensor, in boxes of 64 k × bn tokens with the 128-byte
 // swizzle the kernels' descriptors expect; rows past N read as zeros.
 CUtensorMap x_tensor_map(const void* x, int64_t ldx, int64_t in, int N, int bn) {
@@ -710,6 +665,20 @@ int64_t token_tiles(int N) { return (N + qgemm_tile_n(N) - 1) / qgemm_tile_n(N);
 int64_t qgemm_tiles(const QWeight& w, int N) { return token_tiles(N) * row_tiles(w); }
 
 }  // namespace
+
+// Looked up once by qgemm_available — at the first packed load, outside any graph capture.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t e =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+    return e == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
+               : nullptr;
+  }();
+  return encode;
+}
 
 // CTAs per (row tile, token tile): enough to fill the SMs' CTA slots once, each with at least 8 of the 64-k
 // stages (the ring's fill and the partial sums' traffic stay small next to the loop), at most 8.
