@@ -438,9 +438,11 @@ void CudaBackend::matmul_fp8_activations(const QuantizedRows& xq, const Weight& 
   }
 }
 
-// y = fma(c_w, s_x·Σq_x, (acc·s_w)·s_x) with acc = Σ_k q_x·q_w exact in int32 (cuBLASLt's int8
-// GEMM; its int8 path has no float output with per-row and per-column scales, so the int32
-// products go through int8acc_ and one epilogue pass, w8a8_prefill.cu). The weight rows as int8:
+// y = fma(c_w, s_x·Σq_x, (acc·s_w)·s_x) with acc = Σ_k q_x·q_w exact in int32. Per-row Q8 weights
+// go through this backend's GEMM (w8a8_gemm.cu), which reads their tiles as they are and scales in
+// its epilogue, where it runs; the rest through cuBLASLt's int8 GEMM (it has no float output with
+// per-row and per-column scales: bench/results/2026-11-27-cublaslt-int8-probe.md), the int32
+// products through int8acc_ and one epilogue pass (w8a8_prefill.cu) — the same bits. The weight rows as int8:
 // per-row Q8 exactly (code − 128, c_w = 128·s + b); Q4 and grouped Q8 requantized — the bf16 rows
 // the weight-only path multiplies, quantized per row like the activations (c_w = 0; one pass,
 // qrequant_int8_kernel). Column-major terms as for fp8: D[rows, N] = Aᵀ·B, A the weight block's rows (K ×

@@ -11,17 +11,21 @@
 // per lane and k32 step, top bits flipped (code − 128); x is the B operand from shared memory.
 //
 // Kernel (sm_90a): a CTA owns 128 weight rows × 256 tokens. Warp 8 (of a third warpgroup, whose
-// registers go to the others) is the producer: per 128-k
-// stage it issues one TMA copy of x (256 tokens × 128 bytes, 128-byte swizzle, rows past N zero)
-// and one bulk copy per row block of its four 512-byte tiles, all completing the stage's "full"
-// mbarrier. Warps 0–7 (two warpgroups) each own a 16-row block: per stage four
-// wgmma.m64n256k32.s32.s8.s8 with int32 accumulators; the "empty" mbarrier hands a stage's buffers
-// back. The epilogue applies y = fma(c_w, s_x·Σq_x, (acc·s_w)·s_x)
-// in f32 with the epilogue pass's operations and rounding, so the values are the same bits.
+// registers go to the others) is the producer: per 128-k stage it issues one TMA copy of x (256
+// tokens × 128 bytes, 128-byte swizzle, rows past N zero) and one bulk copy per row block of its
+// four 512-byte tiles, all completing the stage's "full" mbarrier. Warps 0–7 (two warpgroups) each
+// own a 16-row block: per stage four wgmma.m64n256k32.s32.s8.s8 with int32 accumulators; the
+// "empty" mbarrier hands a stage's buffers back. The epilogue applies y = fma(c_w, s_x·Σq_x,
+// (acc·s_w)·s_x) in f32 with the epilogue pass's operations and rounding, so the values are the
+// same bits.
 //
-// Speed of light: the int8 tensor cores, 2·N·out·in operations at ~1.1–1.4 POP/s (cuBLASLt's int8
-// GEMM on the 9B shapes at N = 4096, H100); the codes are read once per token tile (16 per 4K
-// prompt, from L2 after the first) and x once per row tile.
+// Speed of light: the int8 tensor cores, 2·N·out·in operations (cuBLASLt's int8 GEMM reaches
+// 1.1–1.4 POP/s on the 9B shapes at N = 4096, H100). Measured (H100, 4K prompt; bench/results/
+// 2026-11-27-w8a8-gemm.md): ~1.0 POP/s, 75% of cuBLASLt's GEMM alone (Nsight Compute: the int8
+// tensor pipe 51% busy, L2 52%), but with the round trips gone the int8 prefill runs 1.30–1.33× bf16
+// against 1.21–1.24× through cuBLASLt. Not kept: x shared by two-CTA clusters (TMA multicast,
+// 0.96–0.99×); int4 requantized into the tile layout for this kernel (1.17–1.18× against cuBLASLt's
+// 1.20×: the kernel's deficit outweighs the saved epilogue, so int4 stays on cuBLASLt).
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
