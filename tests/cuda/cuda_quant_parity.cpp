@@ -797,6 +797,7 @@ void test_int8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
                         {Q8, 1000, 1024, 129, 1024, DType::F32, true, true}, {Q8, 4096, 16384, 96, 16384, DType::BF16, false, true},
                         {Q8, 1002, 1024, 70, 1024, DType::F32, false, true}, {Q8, 256, 512, 80, 64, DType::BF16, false, true},
                         {Q8, 2000, 4096, 1000, 4096, DType::BF16, true, true},  // four token tiles, a partial row tile
+                        {Q8, 1004, 1024, 300, 1024, DType::BF16, false, true},  // bf16 rows not in 16-byte pieces
                         {Q4, 4096, 4096, 200, 64, DType::BF16, false, true}, {Q4, 1000, 1024, 90, 128, DType::F32, false, true},
                         {Q4, 520, 1024, 70, 32, DType::BF16, false, true},  // int4 g32: value by value, not the 64-column tables
                         // 4096 rows: blocks of 8192 weight rows (the int32 products' bound), the second from row 8192

@@ -100,7 +100,8 @@ __device__ __forceinline__ void keep(int32_t& r) { asm volatile("" : "+r"(r)::"m
 __global__ void __launch_bounds__(kThreads, 1)
     w8a8_gemm_kernel(const uint8_t* __restrict__ codes, const float4* __restrict__ params, int64_t out, int64_t in,
                      const __grid_constant__ CUtensorMap xmap, const float* __restrict__ sx,
-                     const float* __restrict__ sxsum, void* __restrict__ y, int ydt, int64_t ldy, int N) {
+                     const float* __restrict__ sxsum, void* __restrict__ y, int ydt, int64_t ldy, int N,
+                     bool staged) {
 #ifdef SALA_W8A8_WGMMA
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sbase = (smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -169,32 +170,66 @@ __global__ void __launch_bounds__(kThreads, 1)
   wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < 128; ++i) keep(acc[i]);
-  if (rb >= row_blocks) return;
 
   // Epilogue: accumulator 4j + i is row g + 8·(i >> 1), token 8j + 2t + (i & 1); the operations of
   // int8_epilogue_kernel (w8a8_prefill.cu) in its order.
   const int g = lane >> 2, t = lane & 3;
-  const float4 pr = params[rb * 8 + g];  // {s, b} of rows g and g + 8
+  const bool live = rb < row_blocks;
+  const float4 pr = live ? params[rb * 8 + g] : make_float4(0.f, 0.f, 0.f, 0.f);  // {s, b} of rows g and g + 8
   const float sw[2] = {pr.x, pr.z}, cw[2] = {__fmaf_rn(128.f, pr.x, pr.y), __fmaf_rn(128.f, pr.z, pr.w)};
   const int64_t o0 = rb * 16 + g;
   const bool row_ok[2] = {o0 < out, o0 + 8 < out};
+  auto value = [&](int j, int h, int r8, int n) {
+    return __fmaf_rn(cw[r8], sxsum[n], __fmul_rn(__fmul_rn(float(acc[4 * j + 2 * r8 + h]), sw[r8]), sx[n]));
+  };
+  if (!staged) {  // f32, or rows not in 16-byte pieces: each value to its place
+    if (!live) return;
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < 32; ++j)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int n = n0 + 8 * j + 2 * t + h;
-      if (n < N) {
-        const float s = sx[n], ss = sxsum[n];
+      for (int h = 0; h < 2; ++h) {
+        const int n = n0 + 8 * j + 2 * t + h;
+        if (n >= N) continue;
 #pragma unroll
         for (int r8 = 0; r8 < 2; ++r8) {
-          const float v = __fmaf_rn(cw[r8], ss, __fmul_rn(__fmul_rn(float(acc[4 * j + 2 * r8 + h]), sw[r8]), s));
-          const int64_t at = int64_t(n) * ldy + o0 + 8 * r8;
           if (!row_ok[r8]) continue;
+          const float v = value(j, h, r8, n);
+          const int64_t at = int64_t(n) * ldy + o0 + 8 * r8;
           if (ydt == kBF16) static_cast<bf16*>(y)[at] = __float2bfloat16_rn(v);
           else static_cast<float*>(y)[at] = v;
         }
       }
-    }
+    return;
+  }
+  // bf16: through shared memory (the stages are free once every consumer warp is past its last
+  // wgmma), [token][128 rows] with rows of 272 bytes (16 of padding: the quad's four tokens land in
+  // different banks), then written out as whole 256-byte output rows, 16 bytes a lane.
+  constexpr int kRowBytes = kRows * 2 + 16;
+  static_assert(kTokens * kRowBytes <= kStages * kStageBytes, "the staged tile must fit the stages");
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the consumer warps: every wgmma done
+  if (live) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int nl = 8 * j + 2 * t + h, n = n0 + nl;
+#pragma unroll
+        for (int r8 = 0; r8 < 2; ++r8) {
+          const float v = n < N ? value(j, h, r8, n) : 0.f;
+          const uint32_t at = sbase + uint32_t(nl * kRowBytes + (16 * warp + g + 8 * r8) * 2);
+          asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(at), "h"(__bfloat16_as_ushort(__float2bfloat16_rn(v))) : "memory");
+        }
+      }
+  }
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  const int64_t row0 = rb0 * 16 + 8 * (lane & 15);  // this lane's 8 rows
+#pragma unroll 4
+  for (int it = 0; it < kTokens / 8 / 2; ++it) {  // warp w: tokens 32w .. 32w + 31, two per pass
+    const int nl = 32 * warp + 2 * it + (lane >> 4), n = n0 + nl;
+    if (n >= N || row0 >= out) continue;
+    // (out % 8 == 0 here: a lane's 8 rows are all in or all out)
+    *reinterpret_cast<uint4*>(static_cast<bf16*>(y) + int64_t(n) * ldy + row0) =
+        ld_shared_v4(sbase + uint32_t(nl * kRowBytes + (lane & 15) * 16));
   }
 #else
   __trap();  // not built for sm_90a: w8a8_gemm_unfit says so and nothing launches this
@@ -264,9 +299,12 @@ void launch_w8a8_gemm(const QWeight& w, const void* xq, int64_t N, const float* 
   const int64_t row_tiles = ((w.out + 15) / 16 + kRows / 16 - 1) / (kRows / 16);
   SALA_CUDA_REQUIRE(row_tiles <= 65535, "w8a8 gemm: too many weight rows");
   const dim3 grid(unsigned((N + kTokens - 1) / kTokens), unsigned(row_tiles));
+  // bf16 rows written 16 bytes at a time from shared memory (the kernel's epilogue) where aligned.
+  const bool staged = dty == kBF16 && ldy % 8 == 0 && w.out % 8 == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0;
   w8a8_gemm_kernel<<<grid, kThreads, kSmemBytes, st>>>(static_cast<const uint8_t*>(w.codes),
                                                       static_cast<const float4*>(w.params), w.out, w.in,
-                                                      xq_tensor_map(xq, w.in, N), sx, sxsum, y, int(dty), ldy, int(N));
+                                                      xq_tensor_map(xq, w.in, N), sx, sxsum, y, int(dty), ldy, int(N),
+                                                      staged);
   SALA_CUDA_LAUNCH("w8a8 gemm kernel");
 }
 
