@@ -781,10 +781,11 @@ void test_fp8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
 }
 
 // --int8-prefill against the CPU's W8A8 int8 product (tested there against a scalar reference): bit
-// for bit, on the same bf16 inputs, for per-row int8 weights (symmetric and affine rows; this
-// backend's own GEMM, w8a8_gemm.cu, and — switched off — cuBLASLt's int8 GEMM with the int32
-// epilogue pass, w8a8_prefill.cu) and for int4 / grouped int8 weights requantized per row (cuBLASLt);
-// fewer rows and shapes neither can take stay weight-only (the same bits as the switch off).
+// for bit, on the same bf16 inputs, for per-row int8 weights (symmetric and affine rows) and for
+// int4 / grouped int8 weights requantized per row — through this backend's own GEMM (w8a8_gemm.cu;
+// requantized rows in its tile layout) and, switched off, cuBLASLt's int8 GEMM with the int32
+// epilogue pass (w8a8_prefill.cu); fewer rows and shapes neither can take stay weight-only (the
+// same bits as the switch off).
 void test_int8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
   struct Case {
     WeightFormat f;
@@ -835,7 +836,7 @@ void test_int8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
       check(differ == 0 && e_off > 1e-4 && e_off < 0.05, name,
             strf("%lld of %zu values differ from the CPU's W8A8 int8; rel %.2e vs weight-only", (long long)differ,
                  ref.size(), e_off));
-      if (c.f == Q8 && c.group == c.in) {  // the same product through cuBLASLt and the epilogue pass
+      {  // the same product through cuBLASLt and the epilogue pass
         cuda::set_w8a8_gemm(false);
         gpu.set_int8_prefill(true);
         const auto lt = run_matmul(gpu, wg, x, c.n, DType::BF16, c.yd);

@@ -438,51 +438,67 @@ void CudaBackend::matmul_fp8_activations(const QuantizedRows& xq, const Weight& 
   }
 }
 
-// y = fma(c_w, s_x·Σq_x, (acc·s_w)·s_x) with acc = Σ_k q_x·q_w exact in int32. Per-row Q8 weights
-// go through this backend's GEMM (w8a8_gemm.cu), which reads their tiles as they are and scales in
-// its epilogue, where it runs; the rest through cuBLASLt's int8 GEMM (it has no float output with
-// per-row and per-column scales: bench/results/2026-11-27-cublaslt-int8-probe.md), the int32
-// products through int8acc_ and one epilogue pass (w8a8_prefill.cu) — the same bits. The weight rows as int8:
-// per-row Q8 exactly (code − 128, c_w = 128·s + b); Q4 and grouped Q8 requantized — the bf16 rows
-// the weight-only path multiplies, quantized per row like the activations (c_w = 0; one pass,
-// qrequant_int8_kernel). Column-major terms as for fp8: D[rows, N] = Aᵀ·B, A the weight block's rows (K ×
-// rows, ld in), B the quantized x. Blocks are bounded by the weight scratch and by kInt8AccBytes
-// of int32 products.
+// y = fma(c_w, s_x·Σq_x, (acc·s_w)·s_x) with acc = Σ_k q_x·q_w exact in int32. The weight rows as
+// int8: per-row Q8 exactly (code − 128, c_w = 128·s + b); Q4 and grouped Q8 requantized — the bf16
+// rows the weight-only path multiplies, quantized per row like the activations (c_w = 0; one pass,
+// qrequant_int8_kernel). Where it runs (sm_90a, in % 128 == 0), this backend's GEMM (w8a8_gemm.cu)
+// reads per-row Q8 tiles as they are and requantized rows written in the same tile layout, and
+// scales in its epilogue. Otherwise cuBLASLt's int8 GEMM (it has no float output with per-row and
+// per-token scales: bench/results/2026-11-27-cublaslt-int8-probe.md), on row-major copies, with the
+// int32 products through int8acc_ and one epilogue pass (w8a8_prefill.cu) — the same bits. In
+// cuBLASLt's column-major terms: D[rows, N] = Aᵀ·B, A the weight block's rows (K × rows, ld in), B
+// the quantized x. Blocks are bounded by the weight scratch (and for cuBLASLt by kInt8AccBytes of
+// int32 products).
 void CudaBackend::matmul_int8_activations(const QuantizedRows& xq, const Weight& w, Mat y) {
   constexpr size_t kInt8AccBytes = size_t(128) << 20;
   const int64_t in = w.in(), out = w.out(), N = xq.n;
   const bool exact = w.format == WeightFormat::Q8 && w.group == in;
   const cuda::Dt ydt = y.dtype == DType::BF16 ? cuda::kBF16 : cuda::kF32;
-  if (exact) {  // per-row int8: this project's GEMM, the same bits without the round trips (w8a8_gemm.cu)
-    const cuda::QWeight q = qweight(w);
-    const std::string why = cuda::w8a8_gemm_unfit(q, xq.codes, N);
-    if (why.empty()) return cuda::launch_w8a8_gemm(q, xq.codes, N, xq.scales, xq.sums, y.data, ydt, y.cols, stream_);
-    static std::once_flag warned;
-    std::call_once(warned, [&] {
-      std::fprintf(stderr, "note: --int8-prefill: per-row int8 products go through cuBLASLt's int8 GEMM and an int32 "
-                           "epilogue pass, not this backend's own GEMM (%s)\n", why.c_str());
+  const std::string unfit = cuda::w8a8_gemm_unfit(in, xq.codes, N);
+  const bool own = unfit.empty();
+  if (exact && own)  // the weight's own tiles, whole
+    return cuda::launch_w8a8_gemm(cuda::w8a8_weight(qweight(w)), xq.codes, N, xq.scales, xq.sums, y.data, ydt, y.cols,
+                                  stream_);
+  if (!own) {
+    static std::once_flag noted;
+    std::call_once(noted, [&] {
+      std::fprintf(stderr, "note: --int8-prefill: products go through cuBLASLt's int8 GEMM and an int32 epilogue "
+                           "pass, not this backend's own GEMM (%s)\n", unfit.c_str());
     });
   }
 
-  int64_t block = std::min<int64_t>(out, int64_t((qscratch_.capacity() - 1024) / int8_block_row_bytes(w)) / 16 * 16);
-  block = std::max<int64_t>(16, std::min<int64_t>(block, int64_t(kInt8AccBytes / (size_t(N) * 4)) / 16 * 16));
+  // (The tile layout takes whole row blocks: a block's codes span its rows rounded up to 16.)
+  int64_t block = std::min<int64_t>((out + 15) / 16 * 16,
+                                    int64_t((qscratch_.capacity() - 1024) / int8_block_row_bytes(w)) / 16 * 16);
+  if (!own) block = std::max<int64_t>(16, std::min<int64_t>(block, int64_t(kInt8AccBytes / (size_t(N) * 4)) / 16 * 16));
   auto* wq = static_cast<uint8_t*>(qscratch_.data());
   float* ws = reinterpret_cast<float*>(wq + align256(size_t(block * in)));
   float* wc = ws + align256(size_t(block) * 4) / 4;
+  auto y_at = [&](int64_t o0) { return static_cast<uint8_t*>(y.data) + size_t(o0) * dtype_size(y.dtype); };
+  if (own) {  // requantized blocks in the tile layout
+    for (int64_t o0 = 0; o0 < out; o0 += block) {
+      const int64_t rows = std::min(block, out - o0);
+      cuda::launch_qrequant_int8(qweight(w), static_cast<const float*>(w.int8_row_scales), o0, rows, wq, ws, wc, true,
+                                 stream_);
+      cuda::launch_w8a8_gemm({wq, rows, in, nullptr, ws}, xq.codes, N, xq.scales, xq.sums, y_at(o0), ydt, y.cols,
+                             stream_);
+    }
+    return;
+  }
   auto* acc = static_cast<int32_t*>(int8acc_.reserve(size_t(block * N) * 4));
-
   const LtPtr<cublasLtMatmulDesc_t> desc = lt_tn_desc(CUBLAS_COMPUTE_32I, CUDA_R_32I);
   LtBlockPlan plan(cublas_lt_, desc.get(), CUDA_R_8I, CUDA_R_32I, in, N);
   const int32_t alpha = 1, beta = 0;
   for (int64_t o0 = 0; o0 < out; o0 += block) {
     const int64_t rows = std::min(block, out - o0);
     if (exact) cuda::launch_qcanonical(qweight(w), o0, rows, wq, ws, wc, stream_);
-    else cuda::launch_qrequant_int8(qweight(w), static_cast<const float*>(w.int8_row_scales), o0, rows, wq, ws, wc, stream_);
+    else
+      cuda::launch_qrequant_int8(qweight(w), static_cast<const float*>(w.int8_row_scales), o0, rows, wq, ws, wc, false,
+                                 stream_);
     SALA_CHECK(plan.plan(rows, rows), "--int8-prefill: cuBLASLt has no int8 GEMM for [{}, {}] x [{}, {}] on {}", N,
                in, rows, in, props_.name);
     plan.run(&alpha, wq, xq.codes, &beta, acc, cublas_ws_, kCublasWorkspace, stream_);
-    cuda::launch_int8_epilogue(acc, rows, N, ws, wc, xq.scales, xq.sums,
-                               static_cast<uint8_t*>(y.data) + size_t(o0) * dtype_size(y.dtype), ydt, y.cols, stream_);
+    cuda::launch_int8_epilogue(acc, rows, N, ws, wc, xq.scales, xq.sums, y_at(o0), ydt, y.cols, stream_);
   }
 }
 

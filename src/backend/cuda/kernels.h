@@ -215,12 +215,13 @@ void launch_int8_epilogue(const int32_t* acc, int64_t rows, int64_t N, const flo
                           const float* sx, const float* sxsum, void* y, Dt dty, int64_t ldy, cudaStream_t st);
 // --int8-prefill for Q4 / grouped Q8 (quant_gemv.cu). launch_qrow_int8_scales: scales[r] =
 // max |w[r, :]| / 127 of the bf16 dequantization (1 for a zero row), for every row (once per
-// weight, at load). launch_qrequant_int8: rows [row0, row0 + rows) (row0 % 16 == 0) as row-major
-// int8 requantized with those scales (offset 0) — the bits of launch_qdequant followed by
-// launch_quant_rows_int8, in one pass.
+// weight, at load). launch_qrequant_int8: rows [row0, row0 + rows) (row0 % 16 == 0) as int8
+// requantized with those scales (offset 0) — the bits of launch_qdequant followed by
+// launch_quant_rows_int8, in one pass — row-major [rows, in] (cuBLASLt), or with tiles in the 8-bit
+// tile layout of a [rows, in] matrix (w8a8_gemm.cu; in % 32 == 0).
 void launch_qrow_int8_scales(const QWeight& w, float* scales, cudaStream_t st);
 void launch_qrequant_int8(const QWeight& w, const float* row_scales, int64_t row0, int64_t rows, void* codes,
-                          float* scales, float* offsets, cudaStream_t st);
+                          float* scales, float* offsets, bool tiles, cudaStream_t st);
 // Canonical codes (row-major, QuantMatrixView) -> tile layout, on the device.
 void launch_qtile(const QWeight& w, const void* canonical, void* tiles, cudaStream_t st);
 // Random codes (no fp8 NaN codes) and params {s·f, b·f}, f ∈ [0.75, 1.25) per (row, group);

@@ -805,13 +805,24 @@ __global__ void __launch_bounds__(256) qrow_int8_scales_kernel(QWeight w, float*
   }
 }
 
+// Where the requantized int8 word of row r (of the block) and columns k .. k + 3 (k % 4 == 0) goes:
+// row-major [rows, in] for cuBLASLt, or the 8-bit tile layout (quant_layout.h) for w8a8_gemm.cu —
+// row block r / 16, 32-column tile k / 32, lane 4·(r % 8) + (k % 16) / 4, word 2·((k % 32) / 16) + (r % 16) / 8.
+// (A Q4 lane piece's 64 columns are the same lane's pieces of two 8-bit tiles.)
+__device__ __forceinline__ int64_t int8_word_offset(int64_t r, int64_t k, int64_t in, bool tiles) {
+  if (!tiles) return r * in + k;
+  const int64_t lane = 4 * (r % 8) + (k % 16) / 4, word = 2 * ((k % 32) / 16) + (r % 16) / 8;
+  return (((r / 16) * (in / 32) + k / 32) * 32 + lane) * 16 + 4 * word;
+}
+
 // int4 whose 64-column tiles each lie in one group: a row's values in a tile are one of 16
 // (code 0..15 → bf16(s·code + b)), so the 4 lanes of a quad requantize 4 codes each for rows g and
 // g + 8 — the same function of the same value as below — share them by shuffles, and look each
 // output byte up with byte permutes: ~4 instead of ~17 instructions per weight.
 __device__ __forceinline__ void qrequant_int4_table_piece(const QWeight& w, int64_t rb, uint32_t kt, int lane,
                                                           uint32_t ktiles, const float (&s)[2], const float (&r)[2],
-                                                          int64_t row0, int64_t rows, int8_t* __restrict__ dst) {
+                                                          int64_t row0, int64_t rows, int8_t* __restrict__ dst,
+                                                          bool tiles) {
   const int g = lane / 4, t = lane % 4;
   const uint4 c = __ldg(static_cast<const uint4*>(w.codes) + (rb * ktiles + kt) * 32 + lane);
   const uint32_t G = uint32_t(w.group), k0 = kt * 64;
@@ -842,16 +853,18 @@ __device__ __forceinline__ void qrequant_int4_table_piece(const QWeight& w, int6
       const uint32_t sel = (y2 | (y2 >> 8)) & 0xffffu;
       const uint32_t hi_mask = ((x >> 3) & 0x01010101u) * 0xffu;
       const uint32_t lo = __byte_perm(table[r8][0], table[r8][1], sel), hi = __byte_perm(table[r8][2], table[r8][3], sel);
-      *reinterpret_cast<uint32_t*>(dst + (row - row0) * w.in + k0 + 16 * j + 4 * t) = (lo & ~hi_mask) | (hi & hi_mask);
+      *reinterpret_cast<uint32_t*>(dst + int8_word_offset(row - row0, k0 + 16 * j + 4 * t, w.in, tiles)) =
+          (lo & ~hi_mask) | (hi & hi_mask);
     }
 }
 
 // One thread per lane piece of the row blocks [rb0, rb0 + nrb) (for_each_lane_piece): rows
-// [row0, row0 + rows) of W as row-major int8 at dst, their scales (and offsets 0) for the epilogue.
+// [row0, row0 + rows) of W as int8 at dst (row-major, or tiles: int8_word_offset), their scales
+// (and offsets 0) for the epilogue.
 template <int FMT>
 __global__ void qrequant_int8_kernel(QWeight w, int64_t rb0, uint32_t nrb, int64_t row0, int64_t rows,
                                      const float* __restrict__ row_scales, int8_t* __restrict__ dst,
-                                     float* __restrict__ scales, float* __restrict__ offsets, bool table) {
+                                     float* __restrict__ scales, float* __restrict__ offsets, bool table, bool tiles) {
   const uint32_t ktiles = uint32_t((w.in + tile_k(FMT) - 1) / tile_k(FMT));
   for_each_lane_piece(FMT, w.in, rb0, nrb, [&](int64_t rb, uint32_t kt, int lane) {
     const int64_t r0 = rb * 16 + lane / 4, r1 = r0 + 8;
@@ -859,7 +872,7 @@ __global__ void qrequant_int8_kernel(QWeight w, int64_t rb0, uint32_t nrb, int64
     const float rs[2] = {__frcp_rn(s[0]), __frcp_rn(s[1])};
     if constexpr (FMT == kQ4)
       if (table && w.group % 64 == 0)  // whole warps: every lane takes this branch
-        return qrequant_int4_table_piece(w, rb, kt, lane, ktiles, s, rs, row0, rows, dst);
+        return qrequant_int4_table_piece(w, rb, kt, lane, ktiles, s, rs, row0, rows, dst, tiles);
     piece_values<FMT>(w, rb, kt, lane, ktiles, [&](int r8, uint32_t k, const float v[4]) {
       const int64_t row = r8 ? r1 : r0;
       if (row >= w.out || row >= row0 + rows) return;
@@ -869,7 +882,7 @@ __global__ void qrequant_int8_kernel(QWeight w, int64_t rb0, uint32_t nrb, int64
         const float b = __bfloat162float(__float2bfloat16_rn(v[cc]));
         packed |= uint32_t(max(-127, min(127, rint_div_recip(b, s[r8], rs[r8]))) & 0xff) << (8 * cc);
       }
-      *reinterpret_cast<uint32_t*>(dst + (row - row0) * w.in + k) = packed;
+      *reinterpret_cast<uint32_t*>(dst + int8_word_offset(row - row0, k, w.in, tiles)) = packed;
     });
   });
   for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows; r += int64_t(gridDim.x) * blockDim.x) {
@@ -1441,11 +1454,12 @@ void launch_qrow_int8_scales(const QWeight& w, float* scales, cudaStream_t st) {
 }
 
 void launch_qrequant_int8(const QWeight& w, const float* row_scales, int64_t row0, int64_t rows, void* codes,
-                          float* scales, float* offsets, cudaStream_t st) {
+                          float* scales, float* offsets, bool tiles, cudaStream_t st) {
   if (rows <= 0) return;
   SALA_CUDA_REQUIRE(w.fmt == kQ4 || w.fmt == kQ8, "qrequant_int8: Q4 or Q8 weights only");
   SALA_CUDA_REQUIRE(row_scales != nullptr, "qrequant_int8: the weight has no row scales (launch_qrow_int8_scales)");
   SALA_CUDA_REQUIRE(row0 % 16 == 0 && w.in % 4 == 0, "qrequant_int8: first row must start a row block");
+  SALA_CUDA_REQUIRE(!tiles || w.in % 32 == 0, "qrequant_int8: the tile layout takes multiples of 32 columns");
   const int64_t rb0 = row0 / 16, nrb = (rows + 15) / 16;
   const int64_t n = nrb * ((w.in + tile_k(w.fmt) - 1) / tile_k(w.fmt)) * 32;
   SALA_CUDA_REQUIRE(n < (int64_t(1) << 31), "qrequant_int8: too many rows per call");
@@ -1458,10 +1472,10 @@ void launch_qrequant_int8(const QWeight& w, const float* row_scales, int64_t row
   }();
   if (w.fmt == kQ4)
     qrequant_int8_kernel<kQ4><<<blocks, 256, 0, st>>>(w, rb0, uint32_t(nrb), row0, rows, row_scales, d, scales, offsets,
-                                                      table);
+                                                      table, tiles);
   else
     qrequant_int8_kernel<kQ8><<<blocks, 256, 0, st>>>(w, rb0, uint32_t(nrb), row0, rows, row_scales, d, scales, offsets,
-                                                      table);
+                                                      table, tiles);
   SALA_CUDA_LAUNCH("qrequant_int8 kernel");
 }
 

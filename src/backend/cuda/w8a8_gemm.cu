@@ -1,9 +1,10 @@
-// --int8-prefill's GEMM for per-row int8 weights: y = (x quantized per row to int8) · (W's codes −
-// 128)ᵀ, scaled in the epilogue — what cuBLASLt's int8 GEMM and the int32 epilogue pass compute
-// (w8a8_prefill.cu), bit for bit, without their traffic: cuBLASLt writes int32 products (its int8
-// GEMM has no float output: bench/results/2026-11-27-cublaslt-int8-probe.md) that the epilogue
-// reads back, 4 + 4 bytes per output (~15.5 ms of a 4K prompt on an H100), and wants the weights
-// row-major, copied out of the tile layout first (~6.7 ms).
+// --int8-prefill's GEMM: y = (x quantized per row to int8) · (W as int8)ᵀ, scaled in the epilogue —
+// what cuBLASLt's int8 GEMM and the int32 epilogue pass compute (w8a8_prefill.cu), bit for bit,
+// without their traffic: cuBLASLt writes int32 products (its int8 GEMM has no float output:
+// bench/results/2026-11-27-cublaslt-int8-probe.md) that the epilogue reads back, 4 + 4 bytes per
+// output (~15.5 ms of a 4K prompt on an H100), and wants the weights row-major, copied out of the
+// tile layout first (~6.7 ms). W: a per-row Q8 weight's own tiles (code − 128), or int4 / grouped
+// int8 rows that launch_qrequant_int8 requantized into the same tile layout (signed codes).
 //
 // Why it can read the tile layout directly: a lane's 16-byte piece of an 8-bit tile (quant_layout.h:
 // rows g and g+8, columns 4t..4t+3 and 16+4t..16+4t+3 of a 32-column tile) is exactly its A
@@ -21,11 +22,11 @@
 //
 // Speed of light: the int8 tensor cores, 2·N·out·in operations (cuBLASLt's int8 GEMM reaches
 // 1.1–1.4 POP/s on the 9B shapes at N = 4096, H100). Measured (H100, 4K prompt; bench/results/
-// 2026-11-27-w8a8-gemm.md): ~1.0 POP/s, 75% of cuBLASLt's GEMM alone (Nsight Compute: the int8
-// tensor pipe 51% busy, L2 52%), but with the round trips gone the int8 prefill runs 1.30–1.33× bf16
-// against 1.21–1.24× through cuBLASLt. Not kept: x shared by two-CTA clusters (TMA multicast,
-// 0.96–0.99×); int4 requantized into the tile layout for this kernel (1.17–1.18× against cuBLASLt's
-// 1.20×: the kernel's deficit outweighs the saved epilogue, so int4 stays on cuBLASLt).
+// 2026-11-27-w8a8-gemm.md): 16384-row products at ~1.2 POP/s, ~88% of cuBLASLt's GEMM alone, once
+// bf16 outputs went out through shared memory as whole rows (2-byte stores spread over four tokens
+// per instruction: ~1.0 POP/s). Without the round trips: int8 + lm_head prefill 1.43–1.45× bf16,
+// int4 1.28× (through cuBLASLt 1.23–1.26× and 1.22–1.23×). Not kept: x shared by two-CTA clusters
+// (TMA multicast; slower: 0.96–0.99×).
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
@@ -96,9 +97,11 @@ __device__ __forceinline__ void wgmma_s8(int32_t (&d)[128], const uint32_t (&a)[
 __device__ __forceinline__ void keep(int32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 #endif
 
-// codes: the Q8 tile layout; params: its per-row {s, b} float4 tiles (quant_layout.h).
+// codes: the 8-bit tile layout; q8_params: a per-row Q8 weight's {s, b} float4 tiles, or null and
+// scales: requantized rows' (W8A8Weight).
 __global__ void __launch_bounds__(kThreads, 1)
-    w8a8_gemm_kernel(const uint8_t* __restrict__ codes, const float4* __restrict__ params, int64_t out, int64_t in,
+    w8a8_gemm_kernel(const uint8_t* __restrict__ codes, const float4* __restrict__ q8_params,
+                     const float* __restrict__ scales, int64_t out, int64_t in,
                      const __grid_constant__ CUtensorMap xmap, const float* __restrict__ sx,
                      const float* __restrict__ sxsum, void* __restrict__ y, int ydt, int64_t ldy, int N,
                      bool staged) {
@@ -139,6 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- consumers: warp w multiplies row block rb0 + w (rows past the matrix: stale codes, no stores) ----
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
   const int64_t rb = rb0 + warp;
+  const uint32_t flip = q8_params ? 0x80808080u : 0u;  // Q8 codes − 128 as int8; requantized codes are signed
   int32_t acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0;
@@ -155,8 +159,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       const uint4 c = ld_shared_v4(slot + uint32_t(kk * kTileBytes));
-      a[kk][0] = c.x ^ 0x80808080u, a[kk][1] = c.y ^ 0x80808080u;  // code − 128 as int8
-      a[kk][2] = c.z ^ 0x80808080u, a[kk][3] = c.w ^ 0x80808080u;
+      a[kk][0] = c.x ^ flip, a[kk][1] = c.y ^ flip, a[kk][2] = c.z ^ flip, a[kk][3] = c.w ^ flip;
     }
     const uint64_t desc = sw128_desc(stage);
     wgmma_fence();
@@ -175,10 +178,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // int8_epilogue_kernel (w8a8_prefill.cu) in its order.
   const int g = lane >> 2, t = lane & 3;
   const bool live = rb < row_blocks;
-  const float4 pr = live ? params[rb * 8 + g] : make_float4(0.f, 0.f, 0.f, 0.f);  // {s, b} of rows g and g + 8
-  const float sw[2] = {pr.x, pr.z}, cw[2] = {__fmaf_rn(128.f, pr.x, pr.y), __fmaf_rn(128.f, pr.z, pr.w)};
   const int64_t o0 = rb * 16 + g;
   const bool row_ok[2] = {o0 < out, o0 + 8 < out};
+  float sw[2] = {0.f, 0.f}, cw[2] = {0.f, 0.f};
+  if (q8_params && live) {
+    const float4 pr = q8_params[rb * 8 + g];  // {s, b} of rows g and g + 8
+    sw[0] = pr.x, sw[1] = pr.z, cw[0] = __fmaf_rn(128.f, pr.x, pr.y), cw[1] = __fmaf_rn(128.f, pr.z, pr.w);
+  } else if (!q8_params) {
+    sw[0] = row_ok[0] ? scales[o0] : 0.f, sw[1] = row_ok[1] ? scales[o0 + 8] : 0.f;
+  }
   auto value = [&](int j, int h, int r8, int n) {
     return __fmaf_rn(cw[r8], sxsum[n], __fmul_rn(__fmul_rn(float(acc[4 * j + 2 * r8 + h]), sw[r8]), sx[n]));
   };
@@ -279,12 +287,16 @@ CUtensorMap xq_tensor_map(const void* xq, int64_t in, int64_t N) {
 
 }  // namespace
 
-std::string w8a8_gemm_unfit(const QWeight& w, const void* xq, int64_t N) {
+W8A8Weight w8a8_weight(const QWeight& q8) {
+  SALA_CUDA_REQUIRE(q8.fmt == kQ8 && q8.group == q8.in, "w8a8 gemm: not a per-row int8 weight");
+  return {q8.codes, q8.out, q8.in, q8.params, nullptr};
+}
+
+std::string w8a8_gemm_unfit(int64_t in, const void* xq, int64_t N) {
   if (!gemm_on()) return "SALA_CUDA_W8A8_GEMM=0";
   if (!available())
     return "this build has no sm_90a code for this GPU, or its driver no cuTensorMapEncodeTiled";
-  if (w.fmt != kQ8 || w.group != w.in) return "not a per-row int8 weight";
-  if (w.in % kK != 0) return "the input width " + std::to_string(w.in) + " is not a multiple of 128";
+  if (in % kK != 0) return "the input width " + std::to_string(in) + " is not a multiple of 128";
   if ((reinterpret_cast<uintptr_t>(xq) & 15) != 0) return "activation rows that are not 16-byte aligned";
   if (N < 1 || N > (int64_t(1) << 31) - kTokens) return "a row count out of range";
   return {};
@@ -292,17 +304,18 @@ std::string w8a8_gemm_unfit(const QWeight& w, const void* xq, int64_t N) {
 
 void set_w8a8_gemm(bool on) { g_mode = on ? 1 : 0; }
 
-void launch_w8a8_gemm(const QWeight& w, const void* xq, int64_t N, const float* sx, const float* sxsum, void* y, Dt dty,
-                      int64_t ldy, cudaStream_t st) {
-  SALA_CUDA_REQUIRE(w8a8_gemm_unfit(w, xq, N).empty(), "w8a8 gemm: product not supported (check w8a8_gemm_unfit)");
+void launch_w8a8_gemm(const W8A8Weight& w, const void* xq, int64_t N, const float* sx, const float* sxsum, void* y,
+                      Dt dty, int64_t ldy, cudaStream_t st) {
+  SALA_CUDA_REQUIRE(w8a8_gemm_unfit(w.in, xq, N).empty(), "w8a8 gemm: product not supported (check w8a8_gemm_unfit)");
   SALA_CUDA_REQUIRE(dty == kBF16 || dty == kF32, "w8a8 gemm: y must be bf16 or f32");
+  SALA_CUDA_REQUIRE((w.q8_params != nullptr) != (w.scales != nullptr), "w8a8 gemm: give Q8 parameters or row scales");
   const int64_t row_tiles = ((w.out + 15) / 16 + kRows / 16 - 1) / (kRows / 16);
   SALA_CUDA_REQUIRE(row_tiles <= 65535, "w8a8 gemm: too many weight rows");
   const dim3 grid(unsigned((N + kTokens - 1) / kTokens), unsigned(row_tiles));
   // bf16 rows written 16 bytes at a time from shared memory (the kernel's epilogue) where aligned.
   const bool staged = dty == kBF16 && ldy % 8 == 0 && w.out % 8 == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0;
   w8a8_gemm_kernel<<<grid, kThreads, kSmemBytes, st>>>(static_cast<const uint8_t*>(w.codes),
-                                                      static_cast<const float4*>(w.params), w.out, w.in,
+                                                      static_cast<const float4*>(w.q8_params), w.scales, w.out, w.in,
                                                       xq_tensor_map(xq, w.in, N), sx, sxsum, y, int(dty), ldy, int(N),
                                                       staged);
   SALA_CUDA_LAUNCH("w8a8 gemm kernel");
