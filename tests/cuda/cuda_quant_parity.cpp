@@ -787,6 +787,13 @@ void test_fp8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
 // epilogue pass (w8a8_prefill.cu); fewer rows and shapes neither can take stay weight-only (the
 // same bits as the switch off).
 void test_int8_prefill(CpuBackend& cpu, CudaBackend& gpu) {
+  // Where the fused packed GEMMs run (sm_90a), this backend's int8 GEMM runs too: the comparisons
+  // below then test it, not cuBLASLt twice.
+  if (cuda::qgemm_available()) {
+    alignas(16) static const int8_t probe[16] = {};
+    const std::string why = cuda::w8a8_gemm_unfit(1024, probe, 300);
+    check(why.empty(), "int8 prefill: this backend's int8 GEMM is available", why.empty() ? "yes" : why);
+  }
   struct Case {
     WeightFormat f;
     int64_t out, in, n, group;

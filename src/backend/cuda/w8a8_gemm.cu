@@ -244,25 +244,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// 1 when the loaded code has the wgmma kernel (an sm_90a build running on sm_90).
-__global__ void w8a8_probe_kernel(int* out) {
-#ifdef SALA_W8A8_WGMMA
-  *out = 1;
-#else
-  *out = 0;
-#endif
-}
-
+// The kernel runs where quant_gemm.cu's do: an sm_90a build on an sm_90 GPU whose driver has the
+// tensor-map encoder (qgemm_available probes the loaded code).
 bool available() {
   static const bool ok = [] {
-    int* d = nullptr;
-    if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return false;
-    int h = 0;
-    w8a8_probe_kernel<<<1, 1>>>(d);
-    const bool copied = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
-    cudaFree(d);
-    cudaGetLastError();  // a device this build has no code for: the probe fails, the kernel stays off
-    if (!copied || h != 1 || !tensor_map_encoder()) return false;
+    if (!qgemm_available()) return false;
     SALA_CUDA_CHECK(cudaFuncSetAttribute(w8a8_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     return true;
   }();
