@@ -133,7 +133,6 @@ __device__ __forceinline__ uint2 ld_gparam(const void* params, bool zp, int64_t 
 __device__ __forceinline__ uint2 gparam_smem(const void* params, bool zp, int i) {
   return zp ? make_uint2(static_cast<const uint32_t*>(params)[i], 0u) : static_cast<const uint2*>(params)[i];
 }
-// The parameters of (row block rb, group gi, lane group g), whichever the layout.
 // f(rb, kt, lane) once for every 16-byte lane piece of row blocks [rb0, rb0 + nrb) of a tiled
 // weight (tiles of tile_k(fmt) columns), one thread each, grid-stride: the row-block passes
 // (dequantize, requantize, copy to row-major). Whole warps run the same iterations (a warp's 32
@@ -144,6 +143,7 @@ __device__ __forceinline__ void for_each_lane_piece(int fmt, int64_t in, int64_t
   for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x)
     f(rb0 + (i / 32) / ktiles, (i / 32) % ktiles, int(i % 32));
 }
+// The parameters of (row block rb, group gi, lane group g), whichever the layout.
 __device__ __forceinline__ float4 param_at(const void* params, bool grouped, bool zp, int64_t rb, int64_t groups,
                                            int64_t gi, int g) {
   return grouped ? gparam_f32(ld_gparam(params, zp, (rb * groups + gi) * 8 + g), zp)

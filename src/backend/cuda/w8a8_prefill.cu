@@ -149,11 +149,17 @@ __global__ void __launch_bounds__(kQuantThreads) quant_rows_int8_kernel(const bf
   }
 }
 
-// The register count of a row of `in` values (pieces per thread), rounded up to a compiled one.
+// f(std::integral_constant<int, P>) with P the pieces per thread of a row of `in` values, rounded
+// up to a compiled count: the quantizers' launch for that row length.
 static_assert(kQuantRowsMaxIn == 4 * kQuantThreads * 16, "the largest row takes 16 pieces per thread");
-int row_pieces(int64_t in) {
+template <typename F>
+void with_row_pieces(int64_t in, F&& f) {
   const int64_t p = (in / 4 + kQuantThreads - 1) / kQuantThreads;
-  return p <= 1 ? 1 : p <= 2 ? 2 : p <= 4 ? 4 : p <= 8 ? 8 : 16;
+  if (p <= 1) f(std::integral_constant<int, 1>{});
+  else if (p <= 2) f(std::integral_constant<int, 2>{});
+  else if (p <= 4) f(std::integral_constant<int, 4>{});
+  else if (p <= 8) f(std::integral_constant<int, 8>{});
+  else f(std::integral_constant<int, 16>{});
 }
 
 // One thread per 16-byte lane piece of row blocks [rb0, rb0 + nrb) of a per-row 8-bit weight (the
@@ -243,13 +249,9 @@ void launch_quant_rows_fp8(const void* x, int64_t ldx, int64_t N, int64_t in, vo
   SALA_CUDA_REQUIRE(in <= kQuantRowsMaxIn, "quant_rows_fp8: rows longer than kQuantRowsMaxIn values");
   const auto* xb = static_cast<const bf16*>(x);
   auto* qb = static_cast<uint8_t*>(q);
-  switch (row_pieces(in)) {
-    case 1: quant_rows_fp8_kernel<1><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales); break;
-    case 2: quant_rows_fp8_kernel<2><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales); break;
-    case 4: quant_rows_fp8_kernel<4><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales); break;
-    case 8: quant_rows_fp8_kernel<8><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales); break;
-    default: quant_rows_fp8_kernel<16><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales); break;
-  }
+  with_row_pieces(in, [&](auto P) {
+    quant_rows_fp8_kernel<P()><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales);
+  });
   SALA_CUDA_LAUNCH("quant_rows_fp8 kernel");
 }
 
@@ -262,13 +264,9 @@ void launch_quant_rows_int8(const void* x, int64_t ldx, int64_t N, int64_t in, v
   SALA_CUDA_REQUIRE(in <= kQuantRowsMaxIn, "quant_rows_int8: rows longer than kQuantRowsMaxIn values");
   const auto* xb = static_cast<const bf16*>(x);
   auto* qb = static_cast<int8_t*>(q);
-  switch (row_pieces(in)) {
-    case 1: quant_rows_int8_kernel<1><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales, scaled_sums); break;
-    case 2: quant_rows_int8_kernel<2><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales, scaled_sums); break;
-    case 4: quant_rows_int8_kernel<4><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales, scaled_sums); break;
-    case 8: quant_rows_int8_kernel<8><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales, scaled_sums); break;
-    default: quant_rows_int8_kernel<16><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales, scaled_sums); break;
-  }
+  with_row_pieces(in, [&](auto P) {
+    quant_rows_int8_kernel<P()><<<unsigned(N), kQuantThreads, 0, st>>>(xb, ldx, in, qb, scales, scaled_sums);
+  });
   SALA_CUDA_LAUNCH("quant_rows_int8 kernel");
 }
 
